@@ -1,0 +1,1 @@
+"""Everything about reaching Temporal: client construction, search attributes, dev server."""
