@@ -1,0 +1,741 @@
+"""A real Slurm cluster on one machine: munged, slurmctld and one slurmd per node.
+
+Everything lives under one root directory (config, munge key and socket, spool, logs,
+pid files, fake GPU devices), so a test run can bring up its own lab on other ports
+beside the user's. The lab only ever signals processes it can prove are its own (see
+`procs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trainmedic.domain.hostlist import HostlistError, expand, validate_node_name
+from trainmedic.errors import MissingDependencyError, ServiceError
+from trainmedic.lab import procs
+from trainmedic.lab.layout import (
+    DEFAULT_PORT_BASE,
+    LabLayout,
+    LabSpec,
+    render_gres_conf,
+    render_slurm_conf,
+)
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "apt-get install -y slurmctld slurmd slurm-client munge"
+# binary -> the Debian package that ships it
+REQUIRED_BINARIES = {
+    "munged": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sinfo": "slurm-client",
+    "squeue": "slurm-client",
+    "scontrol": "slurm-client",
+    "scancel": "slurm-client",
+    "sbatch": "slurm-client",
+}
+# The host's own daemons and sbin may not be on a user's PATH.
+_SEARCH_PATH = os.pathsep.join(
+    [os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/local/sbin"]
+)
+# Variables of an outer Slurm job or the user's defaults would leak into lab commands.
+_FOREIGN_ENV = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_", "SCONTROL_")
+
+_NODE_BAD = ("DOWN", "UNKNOWN", "FUTURE", "INVALID", "NOT_RESPONDING", "POWERED_DOWN")
+_KV = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|\s*$)")
+
+
+class LabError(ServiceError):
+    """The lab could not be started, reached or changed as asked."""
+
+
+class LabNode(BaseModel):
+    """One emulated node: its daemon and what Slurm says about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    port: int
+    slurmd_pid: int | None = None
+    state: str | None = None  # Slurm's state string, e.g. "IDLE", "DOWN+NOT_RESPONDING"
+    gres: str | None = None
+    reason: str | None = None
+    jobs: list[str] = []
+
+    @property
+    def state_flags(self) -> set[str]:
+        return set((self.state or "").upper().split("+")) - {""}
+
+    @property
+    def is_down(self) -> bool:
+        return "DOWN" in self.state_flags
+
+    @property
+    def is_drained(self) -> bool:
+        return bool({"DRAIN", "DRAINED", "DRAINING"} & self.state_flags)
+
+    @property
+    def ready(self) -> bool:
+        """Registered and responding: Slurm could place work here (unless drained)."""
+        if self.state is None or self.slurmd_pid is None:
+            return False
+        return not any(bad in flag for flag in self.state_flags for bad in _NODE_BAD)
+
+
+class LabStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    root: Path
+    slurm_conf: Path
+    spec: LabSpec | None
+    munged_pid: int | None = None
+    slurmctld_pid: int | None = None
+    controller_reachable: bool = False
+    nodes: list[LabNode] = []
+
+    @property
+    def running(self) -> bool:
+        """Every daemon of the lab is alive (Slurm may still be catching up)."""
+        return (
+            self.spec is not None
+            and self.munged_pid is not None
+            and self.slurmctld_pid is not None
+            and all(node.slurmd_pid is not None for node in self.nodes)
+        )
+
+    @property
+    def stopped(self) -> bool:
+        return (
+            self.munged_pid is None
+            and self.slurmctld_pid is None
+            and all(node.slurmd_pid is None for node in self.nodes)
+        )
+
+    def node(self, name: str) -> LabNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise LabError(f"no node {name!r} in this lab")
+
+
+def require_binaries() -> dict[str, str]:
+    """Paths of the Slurm and munge programs; MissingDependencyError naming what to install."""
+    found: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    for binary, package in REQUIRED_BINARIES.items():
+        path = shutil.which(binary, path=_SEARCH_PATH)
+        if path:
+            found[binary] = path
+        else:
+            missing[binary] = package
+    if missing:
+        packages = " ".join(sorted(set(missing.values())))
+        raise MissingDependencyError(
+            f"the Slurm lab needs {', '.join(sorted(missing))} (Debian packages: {packages});"
+            f" install them with: {INSTALL_HINT}"
+        )
+    return found
+
+
+def parse_scontrol_records(text: str) -> list[dict[str, str]]:
+    """Records of `scontrol -o show ...`: one a line, Key=Value pairs, values may hold spaces."""
+    records = []
+    for line in text.splitlines():
+        if line.strip():
+            records.append({key: value.strip() for key, value in _KV.findall(line.strip())})
+    return records
+
+
+class Lab:
+    """One lab rooted at `root`. Construction starts nothing; `up` does."""
+
+    def __init__(
+        self,
+        root: Path,
+        port_base: int | None = None,
+        *,
+        start_timeout: float = 90.0,
+        command_timeout: float = 30.0,
+    ) -> None:
+        self.layout = LabLayout(root)
+        self._port_base = port_base
+        self.start_timeout = start_timeout
+        self.command_timeout = command_timeout
+
+    # ----------------------------------------------------------------- basics
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.layout.slurm_conf
+
+    @property
+    def spec(self) -> LabSpec | None:
+        """The shape this root was last brought up with, if any."""
+        try:
+            return LabSpec.model_validate_json(self.layout.spec_file.read_text())
+        except (OSError, ValidationError):
+            return None
+
+    @property
+    def port_base(self) -> int:
+        if self._port_base is not None:
+            return self._port_base
+        stored = self.spec
+        return stored.port_base if stored else DEFAULT_PORT_BASE
+
+    def env_overrides(self) -> dict[str, str]:
+        """What a Slurm client needs on top of a clean environment to talk to this lab."""
+        return {"SLURM_CONF": str(self.slurm_conf)}
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A full environment for Slurm client commands against this lab."""
+        source = os.environ if base is None else base
+        out = {k: v for k, v in source.items() if not k.startswith(_FOREIGN_ENV)}
+        out.update(self.env_overrides())
+        return out
+
+    def run_client(
+        self, argv: list[str], *, timeout: float | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (argv list) against this lab."""
+        try:
+            result = subprocess.run(  # noqa: S603 - argv list, no shell
+                argv,
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout or self.command_timeout,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError:
+            require_binaries()
+            raise
+        except subprocess.TimeoutExpired as error:
+            raise LabError(f"{' '.join(argv)} timed out after {error.timeout:.0f} s") from None
+        if check and result.returncode != 0:
+            raise LabError(
+                f"{' '.join(argv)} failed ({result.returncode}): "
+                f"{(result.stderr or result.stdout).strip()}"
+            )
+        return result
+
+    # ------------------------------------------------------- process identity
+
+    def _is_slurmctld(self, argv: list[str]) -> bool:
+        return _prog(argv) == "slurmctld" and _has_pair(argv, "-f", str(self.slurm_conf))
+
+    def _is_slurmd(self, node: str) -> Callable[[list[str]], bool]:
+        def match(argv: list[str]) -> bool:
+            return (
+                _prog(argv) == "slurmd"
+                and _has_pair(argv, "-f", str(self.slurm_conf))
+                and _has_pair(argv, "-N", node)
+            )
+
+        return match
+
+    def _is_munged(self, argv: list[str]) -> bool:
+        return _prog(argv) == "munged" and f"--socket={self.layout.munge_socket}" in argv
+
+    def _munged_pid(self) -> int | None:
+        return procs.verified_pid(self.layout.munged_pid(), self._is_munged)
+
+    def _slurmctld_pid(self) -> int | None:
+        return procs.verified_pid(self.layout.slurmctld_pid(), self._is_slurmctld)
+
+    def _slurmd_pid(self, node: str) -> int | None:
+        return procs.verified_pid(self.layout.slurmd_pid(node), self._is_slurmd(node))
+
+    def _stepds(self, node: str) -> list[int]:
+        return procs.stepds_holding(self.layout.slurmd_log(node))
+
+    def processes(self) -> list[int]:
+        """Every live process this lab started: daemons, step daemons and job processes."""
+        spec = self.spec
+        nodes = spec.node_names if spec else []
+        pids = [self._munged_pid(), self._slurmctld_pid(), *(self._slurmd_pid(n) for n in nodes)]
+        roots = [pid for pid in pids if pid is not None]
+        for node in nodes:
+            roots.extend(self._stepds(node))
+        return sorted(set(roots) | set(procs.descendants(roots)))
+
+    # ---------------------------------------------------------------- status
+
+    def status(self) -> LabStatus:
+        spec = self.spec
+        munged, ctld = self._munged_pid(), self._slurmctld_pid()
+        slurm_nodes: dict[str, dict[str, str]] = {}
+        jobs: dict[str, list[str]] = {}
+        reachable = False
+        if spec is not None and ctld is not None:
+            try:
+                slurm_nodes = self._scontrol_nodes()
+                jobs = self._jobs_by_node()
+                reachable = True
+            except LabError as error:
+                log.debug("controller not answering: %s", error)
+        nodes = []
+        for name in spec.node_names if spec else []:
+            record = slurm_nodes.get(name, {})
+            nodes.append(
+                LabNode(
+                    name=name,
+                    port=spec.node_port(name) if spec else 0,
+                    slurmd_pid=self._slurmd_pid(name),
+                    state=record.get("State"),
+                    gres=record.get("Gres"),
+                    reason=record.get("Reason") or None,
+                    jobs=jobs.get(name, []),
+                )
+            )
+        return LabStatus(
+            root=self.root,
+            slurm_conf=self.slurm_conf,
+            spec=spec,
+            munged_pid=munged,
+            slurmctld_pid=ctld,
+            controller_reachable=reachable,
+            nodes=nodes,
+        )
+
+    def _scontrol_nodes(self) -> dict[str, dict[str, str]]:
+        out = self.run_client(["scontrol", "-o", "show", "node"]).stdout
+        return {r["NodeName"]: r for r in parse_scontrol_records(out) if "NodeName" in r}
+
+    def _jobs_by_node(self) -> dict[str, list[str]]:
+        out = self.run_client(["squeue", "-h", "-o", "%i|%N"]).stdout
+        by_node: dict[str, list[str]] = {}
+        for line in out.splitlines():
+            job, _, nodelist = line.strip().partition("|")
+            if not job or not nodelist:
+                continue
+            try:
+                names = expand(nodelist)
+            except HostlistError:
+                continue
+            for name in names:
+                by_node.setdefault(name, []).append(job)
+        return by_node
+
+    # -------------------------------------------------------------------- up
+
+    def up(
+        self, nodes: int | None = None, gpus: int | None = None, cpus: int | None = None
+    ) -> LabStatus:
+        """Start the lab, or whatever part of it is missing; return once every node is ready.
+
+        A shape left unset is the one this root was last brought up with (else 4 nodes x
+        8 GPUs x 8 CPUs). Asking a running lab for another shape is an error.
+        """
+        binaries = require_binaries()
+        if os.geteuid() != 0:
+            raise LabError(
+                "the Slurm lab must run as root (slurmd runs jobs as their owner and"
+                " needs to create device nodes); run it with sudo or in a container"
+            )
+        try:
+            base = self.spec or LabSpec()
+            wanted = LabSpec(
+                nodes=base.nodes if nodes is None else nodes,
+                gpus=base.gpus if gpus is None else gpus,
+                cpus=base.cpus if cpus is None else cpus,
+                port_base=self.port_base,
+            )
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
+            )
+            raise LabError(f"invalid lab shape: {problems}") from None
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            return self._up(wanted, binaries)
+
+    def _up(self, wanted: LabSpec, binaries: dict[str, str]) -> LabStatus:
+        current = self.status()
+        fresh = current.stopped
+        if not fresh:
+            if current.spec != wanted:
+                raise LabError(
+                    f"a lab is already running in {self.root} as {_describe(current.spec)};"
+                    f" asked for {_describe(wanted)}. Run `trainmedic lab down` first."
+                )
+        else:
+            self._check_ports(wanted)
+            self._prepare(wanted)
+        spec = wanted
+        if current.munged_pid is None:
+            self._start_munged(binaries["munged"])
+        if current.slurmctld_pid is None:
+            # A fresh start clears saved jobs and node states (-c): a lab that was taken
+            # down starts clean. If slurmds still run (only the controller died), keep
+            # the state so their jobs are recovered.
+            any_slurmd = any(n.slurmd_pid is not None for n in current.nodes)
+            self._start_slurmctld(binaries["slurmctld"], clear=not any_slurmd)
+        self._wait(self._controller_answers, "slurmctld to answer", self.layout.slurmctld_log())
+        for name in spec.node_names:
+            if self._slurmd_pid(name) is None:
+                self._start_slurmd(binaries["slurmd"], name)
+        self._wait_nodes_ready(spec.node_names)
+        return self.status()
+
+    def _check_ports(self, spec: LabSpec) -> None:
+        for port in spec.ports:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                # Slurm binds with SO_REUSEADDR too: a port in TIME_WAIT is fine, a
+                # listener is not.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("0.0.0.0", port))
+                except OSError as error:
+                    if error.errno != errno.EADDRINUSE:
+                        raise
+                    raise LabError(
+                        f"port {port} is in use by another program; the lab needs ports"
+                        f" {spec.port_base}-{max(spec.ports)}. Pick another base with"
+                        " --port-base"
+                    ) from None
+
+    def _prepare(self, spec: LabSpec) -> None:
+        layout = self.layout
+        for directory in (layout.etc, layout.run, layout.log, layout.spool, layout.jobs):
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o755)
+        # munged refuses a socket directory that others can write to.
+        layout.munge_dir.mkdir(parents=True, exist_ok=True)
+        layout.munge_dir.chmod(0o755)
+        layout.state_save.mkdir(parents=True, exist_ok=True)
+        for name in spec.node_names:
+            layout.slurmd_spool(name).mkdir(parents=True, exist_ok=True)
+            self._make_gpus(name, spec.gpus)
+        self._make_munge_key()
+        layout.slurm_conf.write_text(
+            render_slurm_conf(spec, layout, socket.gethostname().split(".")[0])
+        )
+        layout.gres_conf.write_text(render_gres_conf(spec, layout))
+        layout.spec_file.write_text(spec.model_dump_json(indent=2) + "\n")
+        log.info("lab config written to %s", layout.slurm_conf)
+
+    def _make_munge_key(self) -> None:
+        key = self.layout.munge_key
+        if key.exists():
+            return
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        try:
+            os.write(fd, secrets.token_bytes(1024))
+        finally:
+            os.close(fd)
+
+    def _make_gpus(self, node: str, count: int) -> None:
+        # Slurm only accepts gres File= entries that are character devices. 195 is the
+        # NVIDIA major number; nothing opens these, they only have to exist.
+        directory = self.layout.gpu_dir(node)
+        directory.mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            path = directory / f"nvidia{index}"
+            try:
+                if stat.S_ISCHR(path.lstat().st_mode):
+                    continue
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            try:
+                os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(195, index))
+            except PermissionError:
+                raise LabError(
+                    f"cannot create the fake GPU device {path}: creating device nodes"
+                    " needs CAP_MKNOD (run as root, or give the container that capability)"
+                ) from None
+
+    def _daemon_env(self) -> dict[str, str]:
+        return self.env()
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        """Start a daemon that forks into the background; fail on a non-zero exit."""
+        output = self.layout.daemon_output(name)
+        with output.open("ab") as sink:
+            try:
+                result = subprocess.run(  # noqa: S603 - argv list, no shell
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    env=self._daemon_env(),
+                    cwd=self.layout.log,
+                    timeout=self.command_timeout,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise LabError(
+                    f"{name} did not go to the background within {self.command_timeout:.0f} s"
+                ) from None
+        if result.returncode != 0:
+            raise LabError(f"{name} exited with status {result.returncode}:\n{_tail(output)}")
+        log.info("started %s", name)
+
+    def _start_munged(self, munged: str) -> None:
+        layout = self.layout
+        # A socket left by a munged that died would make the new one refuse to start.
+        with contextlib.suppress(FileNotFoundError):
+            layout.munge_socket.unlink()
+        self._spawn(
+            "munged",
+            [
+                munged,
+                f"--socket={layout.munge_socket}",
+                f"--key-file={layout.munge_key}",
+                f"--pid-file={layout.munged_pid()}",
+                f"--log-file={layout.munged_log()}",
+                f"--seed-file={layout.run / 'munged.seed'}",
+            ],
+        )
+        self._wait(
+            lambda: self._munged_pid() is not None and layout.munge_socket.exists(),
+            "munged to start",
+            layout.munged_log(),
+        )
+
+    def _start_slurmctld(self, slurmctld: str, clear: bool) -> None:
+        argv = [slurmctld, "-f", str(self.slurm_conf)]
+        if clear:
+            argv.append("-c")
+        self._spawn("slurmctld", argv)
+        self._wait(
+            lambda: self._slurmctld_pid() is not None,
+            "slurmctld to start",
+            self.layout.slurmctld_log(),
+        )
+
+    def _start_slurmd(self, slurmd: str, node: str) -> None:
+        self._spawn(f"slurmd-{node}", [slurmd, "-f", str(self.slurm_conf), "-N", node])
+        self._wait(
+            lambda: self._slurmd_pid(node) is not None,
+            f"slurmd {node} to start",
+            self.layout.slurmd_log(node),
+        )
+
+    def _controller_answers(self) -> bool:
+        try:
+            self.run_client(["scontrol", "ping"], timeout=10)
+        except LabError:
+            return False
+        return True
+
+    def _wait_nodes_ready(self, names: list[str]) -> None:
+        resumed: set[str] = set()
+
+        def ready() -> bool:
+            status = self.status()
+            waiting = []
+            for name in names:
+                node = status.node(name)
+                if node.ready:
+                    continue
+                waiting.append(name)
+                # DOWN but answering: set down by hand, or for a reason ReturnToService=1
+                # does not undo. Its daemon is ours and running, so bring it back.
+                answering = "NOT_RESPONDING" not in node.state_flags
+                if node.slurmd_pid and node.is_down and answering and name not in resumed:
+                    self._resume(name)
+                    resumed.add(name)
+            return not waiting
+
+        log_file = (
+            self.layout.slurmd_log(names[0]) if len(names) == 1 else self.layout.slurmctld_log()
+        )
+        self._wait(ready, f"node(s) {', '.join(names)} to become ready", log_file)
+
+    def _resume(self, name: str) -> None:
+        log.info("resuming node %s", name)
+        self.run_client(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
+
+    def _wait(self, condition: Callable[[], bool], what: str, log_file: Path) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if condition():
+                return
+            if time.monotonic() >= deadline:
+                raise LabError(
+                    f"timed out after {self.start_timeout:.0f} s waiting for {what};"
+                    f" last lines of {log_file}:\n{_tail(log_file)}"
+                )
+            time.sleep(0.25)
+
+    # ------------------------------------------------------------------ down
+
+    def down(self) -> None:
+        """Cancel every job and stop every process of the lab. A stopped lab: no-op."""
+        if not self.layout.root.exists():
+            return
+        with self._locked():
+            self._down()
+
+    def _down(self) -> None:
+        spec = self.spec
+        nodes = spec.node_names if spec else []
+        if self._slurmctld_pid() is not None:
+            self._cancel_all()
+        slurmds = [pid for pid in (self._slurmd_pid(n) for n in nodes) if pid is not None]
+        procs.terminate(slurmds, grace=10.0)
+        ctld = self._slurmctld_pid()
+        if ctld is not None:
+            # slurmctld's helper (slurmscriptd) should exit with it; remember it in case.
+            helpers = _snapshot(procs.descendants([ctld]))
+            procs.terminate([ctld], grace=15.0)
+            _kill_if_unchanged(helpers)
+        for name in nodes:
+            self._kill_steps(name)
+        munged = self._munged_pid()
+        if munged is not None:
+            procs.terminate([munged], grace=10.0)
+        for pid_file in self.layout.run.glob("*.pid"):
+            pid_file.unlink(missing_ok=True)
+        left = procs.processes_under(self.root)
+        if left:
+            # Not ours to kill (a user's shell sitting in the jobs directory, say).
+            log.warning("processes still use %s after down: %s", self.root, left)
+        log.info("lab in %s is down", self.root)
+
+    def _cancel_all(self) -> None:
+        try:
+            out = self.run_client(["squeue", "-h", "-o", "%i"], timeout=10).stdout
+        except LabError as error:
+            log.warning("could not list jobs before stopping: %s", error)
+            return
+        jobs = [line.strip() for line in out.splitlines() if line.strip()]
+        if not jobs:
+            return
+        self.run_client(["scancel", *jobs], check=False, timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            result = self.run_client(["squeue", "-h", "-o", "%i"], check=False, timeout=10)
+            if result.returncode != 0 or not result.stdout.strip():
+                return
+            time.sleep(0.25)
+
+    def _kill_steps(self, name: str) -> list[int]:
+        """SIGKILL the node's slurmstepd processes and every process under them."""
+        killed: list[int] = []
+        # Twice: a step may be forking its job while the first sweep runs.
+        for _ in range(2):
+            stepds = self._stepds(name)
+            if not stepds:
+                break
+            victims = _snapshot([*stepds, *procs.descendants(stepds)])
+            killed.extend(_kill_if_unchanged(victims))
+            procs.wait_gone(list(victims), 5.0)
+        return killed
+
+    # ---------------------------------------------------------- node faults
+
+    def kill_node(self, name: str) -> list[int]:
+        """A hard node death: SIGKILL its slurmd, its step daemons and their job processes.
+
+        Slurm notices on its own: the node goes DOWN (not responding) after
+        SlurmdTimeout and its batch jobs are requeued. Returns the pids killed.
+        """
+        self._known_node(name)
+        with self._locked():
+            killed: list[int] = []
+            slurmd = self._slurmd_pid(name)
+            if slurmd is not None:
+                # The slurmd first, so it cannot start new steps while we sweep.
+                procs.send([slurmd], signal.SIGKILL)
+                procs.wait_gone([slurmd], 5.0)
+                killed.append(slurmd)
+            killed.extend(self._kill_steps(name))
+            log.info("killed node %s: pids %s", name, killed)
+            return killed
+
+    def revive_node(self, name: str) -> LabNode:
+        """Start the node's slurmd again and wait until Slurm has it back in service."""
+        self._known_node(name)
+        binaries = require_binaries()
+        with self._locked():
+            if self._slurmctld_pid() is None:
+                raise LabError("the lab is not running; start it with `trainmedic lab up`")
+            if self._slurmd_pid(name) is None:
+                self._start_slurmd(binaries["slurmd"], name)
+            self._wait_nodes_ready([name])
+            return self.status().node(name)
+
+    def _known_node(self, name: str) -> None:
+        try:
+            validate_node_name(name)
+        except HostlistError as error:
+            raise LabError(str(error)) from None
+        spec = self.spec
+        if spec is None:
+            raise LabError(f"no lab in {self.root}; start one with `trainmedic lab up`")
+        if name not in spec.node_names:
+            raise LabError(f"no node {name!r} in this lab (it has {', '.join(spec.node_names)})")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One lab operation at a time (the CLI and a test may share a root)."""
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        with (self.layout.root / "lab.lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _prog(argv: list[str]) -> str:
+    return os.path.basename(argv[0]) if argv else ""
+
+
+def _has_pair(argv: list[str], flag: str, value: str) -> bool:
+    return any(a == flag and b == value for a, b in itertools.pairwise(argv))
+
+
+def _snapshot(pids: list[int]) -> dict[int, list[str]]:
+    return {pid: procs.cmdline(pid) for pid in pids}
+
+
+def _kill_if_unchanged(snapshot: dict[int, list[str]]) -> list[int]:
+    """SIGKILL each pid whose command line is still the one we saw (no pid reuse)."""
+    victims = [
+        pid
+        for pid, argv in snapshot.items()
+        if argv and procs.is_alive(pid) and procs.cmdline(pid) == argv
+    ]
+    procs.send(victims, signal.SIGKILL)
+    return victims
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def _describe(spec: LabSpec | None) -> str:
+    if spec is None:
+        return "an unknown shape"
+    return f"{spec.nodes} nodes x {spec.gpus} GPUs, ports from {spec.port_base}"
