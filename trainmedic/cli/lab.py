@@ -1,7 +1,130 @@
-"""Placeholder: `trainmedic lab ...` (the Slurm lab)."""
+"""`trainmedic lab up|down|status|kill-node|revive-node`: the Slurm lab on this machine."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+from rich.table import Table
+
+from trainmedic.cli.common import console, settings
+from trainmedic.domain.hostlist import HostlistError, validate_node_name
+from trainmedic.lab import Lab, LabError, LabStatus
 
 app = typer.Typer(help="A real Slurm cluster on this machine, for trying and testing.")
+
+_ROOT = typer.Option(None, "--root", help="Lab directory (default: <state dir>/lab).")
+
+
+def _lab(root: Path | None, port_base: int | None = None) -> Lab:
+    return Lab(root or settings().lab_dir, port_base=port_base)
+
+
+def _node(name: str) -> str:
+    try:
+        return validate_node_name(name)
+    except HostlistError as error:
+        raise LabError(str(error)) from None
+
+
+def _state_markup(state: str | None) -> str:
+    if state is None:
+        return "[dim]unknown[/]"
+    upper = state.upper()
+    if "DOWN" in upper or "NOT_RESPONDING" in upper or "INVALID" in upper:
+        return f"[red]{state}[/]"
+    if "DRAIN" in upper:
+        return f"[yellow]{state}[/]"
+    return f"[green]{state}[/]"
+
+
+def _show(status: LabStatus) -> None:
+    def pid(value: int | None) -> str:
+        return f"running (pid {value})" if value else "[red]stopped[/]"
+
+    console.print(f"lab in {status.root}")
+    console.print(f"  munged     {pid(status.munged_pid)}")
+    console.print(f"  slurmctld  {pid(status.slurmctld_pid)}")
+    if status.spec is None:
+        console.print("  (never started here)")
+        return
+    table = Table("node", "slurmd", "port", "state", "gres", "jobs", "reason")
+    for node in status.nodes:
+        table.add_row(
+            node.name,
+            str(node.slurmd_pid) if node.slurmd_pid else "[red]stopped[/]",
+            str(node.port),
+            _state_markup(node.state),
+            node.gres or "",
+            ",".join(node.jobs),
+            node.reason or "",
+        )
+    console.print(table)
+
+
+def _hint(lab: Lab) -> None:
+    console.print("Use it from a shell with:")
+    console.print(f"  export SLURM_CONF={lab.slurm_conf}", soft_wrap=True)
+    console.print("  sinfo; sbatch ...; squeue")
+
+
+@app.command()
+def up(
+    nodes: int | None = typer.Option(None, "--nodes", "-n", help="Emulated nodes (default 4)."),
+    gpus: int | None = typer.Option(None, "--gpus", "-g", help="Fake GPUs per node (default 8)."),
+    cpus: int | None = typer.Option(None, "--cpus", help="CPUs each node claims (default 8)."),
+    port_base: int | None = typer.Option(
+        None, "--port-base", help="slurmctld port; slurmd ports follow (default 16817)."
+    ),
+    root: Path | None = _ROOT,
+) -> None:
+    """Start the lab, or the parts of it that are not running; wait until nodes are ready."""
+    lab = _lab(root, port_base)
+    with console.status("starting munged, slurmctld and the slurmd's..."):
+        status = lab.up(nodes=nodes, gpus=gpus, cpus=cpus)
+    _show(status)
+    _hint(lab)
+
+
+@app.command()
+def down(root: Path | None = _ROOT) -> None:
+    """Cancel every job and stop every process of the lab (a stopped lab: nothing to do)."""
+    lab = _lab(root)
+    with console.status("stopping the lab..."):
+        lab.down()
+    console.print(f"lab in {lab.root} is down.")
+
+
+@app.command()
+def status(root: Path | None = _ROOT) -> None:
+    """Show the lab's daemons and Slurm's view of each node. Exit 1 when not running."""
+    lab = _lab(root)
+    current = lab.status()
+    _show(current)
+    if not current.running:
+        raise typer.Exit(1)
+    _hint(lab)
+
+
+@app.command("kill-node")
+def kill_node(
+    name: str = typer.Argument(..., help="Node name, e.g. gpu02."), root: Path | None = _ROOT
+) -> None:
+    """Hard node death: SIGKILL the node's slurmd, its step daemons and their jobs."""
+    lab = _lab(root)
+    killed = lab.kill_node(_node(name))
+    console.print(
+        f"killed {name} ({len(killed)} processes). Slurm marks it DOWN after SlurmdTimeout;"
+        f" bring it back with `trainmedic lab revive-node {name}`."
+    )
+
+
+@app.command("revive-node")
+def revive_node(
+    name: str = typer.Argument(..., help="Node name, e.g. gpu02."), root: Path | None = _ROOT
+) -> None:
+    """Start the node's slurmd again and resume it in Slurm if it is DOWN."""
+    lab = _lab(root)
+    with console.status(f"reviving {name}..."):
+        node = lab.revive_node(_node(name))
+    console.print(f"{node.name} is back: {_state_markup(node.state)}")
