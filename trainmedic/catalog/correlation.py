@@ -1,0 +1,125 @@
+"""Who logged a line: rank, local rank, Slurm task, node and GPU, from prefixes and text.
+
+Handles the shapes real jobs print: `srun -l` labels (`  3: `), PyTorch's `[rank12]:`,
+torchrun's `[default0]:`, mpirun's `[1,5]<stderr>:`, pdsh/deepspeed `gpu03: `, NCCL's
+`host:pid:tid [dev]`, syslog/journal `Mar  3 10:01:02 gpu03 kernel:`, and Slurm's
+`srun: error: gpu03: task 24: ...`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from trainmedic.domain.hostlist import NODE_NAME
+
+_SRUN_LABEL = re.compile(r"^\s{0,6}(\d{1,6}): ")
+_RANK = re.compile(r"^\[rank(\d{1,6})\]:")
+_DEFAULT = re.compile(r"^\[(?:default|worker|trainer)(\d{1,4})\]:")
+_MPI = re.compile(r"^\[\d+,(\d{1,6})\]<std(?:out|err)>:")
+_HOST_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]{0,62}): ")
+_NCCL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d+):(\d+) \[(\d{1,3})\]")
+_SYSLOG = re.compile(
+    r"^(?:[A-Z][a-z]{2} [ \d]\d [\d:]{8}|\d{4}-\d\d-\d\d[T ][\d:.]+(?:Z|[+-][\d:]+)?)"
+    r" ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}) \S+?(?:\[\d+\])?:"
+)
+_SRUN_ERR = re.compile(r"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? (\d+)")
+_NODE_FAIL = re.compile(r"Node failure on ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})")
+_ELASTIC_HOST = re.compile(r"^\s*host\s+: (\S+)")
+_ELASTIC_RANK = re.compile(r"^\s*rank\s+: (\d+)(?: \(local_rank: (\d+)\))?")
+_IN_TEXT_RANK = re.compile(r"\[(?:Rank|PG \d+ Rank|PG ID \d+ PG GUID \S+ Rank) (\d{1,6})\]")
+_GPU_IN_OOM = re.compile(r"GPU (\d{1,3})(?:;| has a total)")
+_NOT_HOSTS = {"srun", "slurmstepd", "kernel", "error", "warning", "info", "traceback", "file"}
+
+
+@dataclass(slots=True)
+class LineContext:
+    rank: int | None = None
+    local_rank: int | None = None
+    task: int | None = None
+    node: str | None = None
+    gpu: int | None = None
+
+
+def short_host(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+class Topology:
+    """The job's layout: nodes in Slurm's order and tasks per node, when known."""
+
+    def __init__(self, nodelist: list[str] | None = None, tasks_per_node: int | None = None):
+        self.nodelist = list(nodelist or [])
+        self.known = {short_host(n) for n in self.nodelist}
+        self.tasks_per_node = tasks_per_node if tasks_per_node and tasks_per_node > 0 else None
+
+    def node_of_task(self, task: int) -> str | None:
+        """Slurm's default block distribution: task t runs on node t // tasks_per_node."""
+        if self.tasks_per_node is None or not self.nodelist:
+            return None
+        index = task // self.tasks_per_node
+        return self.nodelist[index] if index < len(self.nodelist) else None
+
+    def plausible_host(self, name: str) -> str | None:
+        host = short_host(name)
+        if host.lower() in _NOT_HOSTS or not NODE_NAME.match(host):
+            return None
+        if self.known:
+            return host if host in self.known else None
+        # Without a node list only names that look like cluster hosts count.
+        return host if any(c.isdigit() for c in host) else None
+
+
+def parse_line(line: str, topo: Topology) -> LineContext:
+    """Strip the known prefixes off `line` and say who logged it."""
+    ctx = LineContext()
+    rest = line
+    for _ in range(4):  # prefixes stack: "gpu03: 12: [rank12]:[E ...]"
+        if m := _SRUN_LABEL.match(rest):
+            ctx.task = int(m.group(1))
+        elif m := _RANK.match(rest):
+            ctx.rank = int(m.group(1))
+        elif m := _DEFAULT.match(rest):
+            ctx.local_rank = int(m.group(1))
+        elif m := _MPI.match(rest):
+            ctx.rank = int(m.group(1))
+        elif (m := _HOST_PREFIX.match(rest)) and (host := topo.plausible_host(m.group(1))):
+            ctx.node = host
+        else:
+            break
+        rest = rest[m.end() :].lstrip()
+    if m := _NCCL.match(rest):
+        host = topo.plausible_host(m.group(1))
+        if host:
+            ctx.node = ctx.node or host
+            ctx.gpu = int(m.group(4))
+    elif m := _SYSLOG.match(rest):
+        host = topo.plausible_host(m.group(1))
+        ctx.node = ctx.node or host
+    if m := _SRUN_ERR.search(rest):
+        ctx.node = topo.plausible_host(m.group(1)) or ctx.node
+        ctx.task = int(m.group(2))
+    elif m := _NODE_FAIL.search(rest):
+        ctx.node = topo.plausible_host(m.group(1)) or ctx.node
+    if ctx.rank is None and (m := _IN_TEXT_RANK.search(rest)):
+        ctx.rank = int(m.group(1))
+    if ctx.gpu is None and (m := _GPU_IN_OOM.search(rest)):
+        ctx.gpu = int(m.group(1))
+    if ctx.node is None:
+        if ctx.task is not None:
+            ctx.node = topo.node_of_task(ctx.task)
+        elif ctx.rank is not None:
+            ctx.node = topo.node_of_task(ctx.rank)
+    if ctx.rank is None and ctx.task is not None and topo.tasks_per_node:
+        ctx.rank = ctx.task  # one task per rank when tasks per node is given
+    return ctx
+
+
+def elastic_field(line: str) -> tuple[str, str | int] | None:
+    """A field of torchelastic's 'Root Cause' block: ('host', name) or ('rank', n)."""
+    stripped = re.sub(r"^(?:\s{0,6}\d{1,6}: |\[\w+\]:)", "", line)
+    if m := _ELASTIC_HOST.match(stripped):
+        return "host", short_host(m.group(1))
+    if m := _ELASTIC_RANK.match(stripped):
+        return "rank", int(m.group(1))
+    return None

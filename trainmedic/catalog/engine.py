@@ -1,0 +1,390 @@
+"""The Attributor: evidence in, one Diagnosis out.
+
+Order of reasoning (DESIGN.md "Failure taxonomy"):
+1. every line (logs of all ranks, kernel lines, NVML findings, Slurm state rendered as
+   lines) is matched against the catalog and tagged with rank/node/GPU;
+2. root rules beat cascades; among roots the highest precedence wins (hardware over the
+   CUDA error it causes), then the earliest line;
+3. culprits are the nodes/ranks where the winning category's roots fired; a "node"
+   fault seen on most nodes is systemic, so nothing is drained;
+4. with only cascades or confirmations the answer says so (low confidence, escalate
+   when nothing points anywhere) and carries the best lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainmedic.catalog.correlation import LineContext, Topology, elastic_field, parse_line
+from trainmedic.catalog.loader import Catalog, load_catalog
+from trainmedic.catalog.matcher import LineMatch, Matcher
+from trainmedic.catalog.model import Rule
+from trainmedic.catalog.scanner import Scanner, clip
+from trainmedic.domain import (
+    Action,
+    AttributionRequest,
+    Category,
+    Diagnosis,
+    Evidence,
+    EvidenceSource,
+    Role,
+    SlurmObservation,
+)
+
+log = logging.getLogger(__name__)
+
+_MAX_FINDINGS_PER_RULE = 64  # bounded memory however many ranks repeat a line
+_MAX_EVIDENCE = 12
+_SOURCE_ORDER = {
+    EvidenceSource.KERNEL: 0,
+    EvidenceSource.NVML: 1,
+    EvidenceSource.SLURM: 2,
+    EvidenceSource.LOG: 3,
+    EvidenceSource.OPERATOR: 4,
+}
+_DOWN_STATES = ("DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL")
+
+
+@dataclass(slots=True)
+class Finding:
+    rule: Rule
+    evidence: Evidence
+    order: tuple[int, int, int]  # (source file index, line number, sequence)
+    xid: int | None = None
+
+
+@dataclass(slots=True)
+class _Collector:
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    nodes: dict[str, set[str]] = field(default_factory=dict)
+    ranks: dict[str, set[int]] = field(default_factory=dict)
+    elastic_hosts: list[str] = field(default_factory=list)
+    elastic_ranks: list[int] = field(default_factory=list)
+    seq: int = 0
+
+    def add(self, finding: Finding) -> None:
+        rid = finding.rule.id
+        self.counts[rid] = self.counts.get(rid, 0) + 1
+        if finding.evidence.node:
+            self.nodes.setdefault(rid, set()).add(finding.evidence.node)
+        if finding.evidence.rank is not None:
+            self.ranks.setdefault(rid, set()).add(finding.evidence.rank)
+        bucket = self.findings.setdefault(rid, [])
+        if len(bucket) < _MAX_FINDINGS_PER_RULE:
+            bucket.append(finding)
+
+    def all(self) -> list[Finding]:
+        return [f for bucket in self.findings.values() for f in bucket]
+
+
+def slurm_lines(obs: SlurmObservation, nodelist: list[str]) -> list[tuple[str, str | None]]:
+    """Render Slurm's state as catalog-matchable lines: [(text, node)]."""
+    lines: list[tuple[str, str | None]] = []
+    if obs.job_state:
+        lines.append(
+            (
+                f"slurm job_state={obs.job_state.upper()} reason={obs.state_reason} "
+                f"exit_code={obs.exit_code} signal={obs.signal}",
+                None,
+            )
+        )
+    scope = set(nodelist)
+    for node, state in sorted(obs.node_states.items()):
+        if scope and node not in scope:
+            continue
+        reason = obs.node_reasons.get(node, "None")
+        lines.append((f"slurm node {node} state={state.upper()} reason={reason}", node))
+    for node, reason in sorted(obs.node_reasons.items()):
+        if (not scope or node in scope) and node not in obs.node_states:
+            lines.append((f"slurm node {node} state=UNKNOWN reason={reason}", node))
+    return lines
+
+
+class Attributor:
+    """The recovery loop's attribution step: AttributionRequest -> Diagnosis."""
+
+    def __init__(self, catalog: Catalog | None = None) -> None:
+        self.catalog = catalog if catalog is not None else load_catalog()
+        self.matcher = Matcher(self.catalog)
+
+    @property
+    def version(self) -> str:
+        return self.catalog.version
+
+    # -- gathering ---------------------------------------------------------------------
+
+    def _record(
+        self,
+        col: _Collector,
+        matches: list[LineMatch] | tuple[LineMatch, ...],
+        text: str,
+        ctx: LineContext,
+        source: EvidenceSource,
+        file: str | None,
+        file_index: int,
+        line_no: int,
+    ) -> None:
+        for match in matches:
+            gpu = ctx.gpu
+            col.seq += 1
+            col.add(
+                Finding(
+                    rule=match.rule,
+                    evidence=Evidence(
+                        source=source,
+                        text=clip(text),
+                        file=file,
+                        line_no=line_no,
+                        rule_id=match.rule.id,
+                        node=ctx.node,
+                        rank=ctx.rank,
+                        gpu=gpu,
+                    ),
+                    order=(file_index, line_no, col.seq),
+                    xid=match.xid,
+                )
+            )
+
+    def _scan_file(self, col: _Collector, path: str, index: int, topo: Topology) -> None:
+        scanner = Scanner(self.matcher)
+        in_root_cause = 0
+        for hit in scanner.scan_path(path):
+            ids = {m.rule.id for m in hit.matches}
+            if "torchelastic.child_failed" in ids and "Root Cause" in hit.text:
+                in_root_cause = hit.line_no
+                continue
+            if "torchelastic.root_cause_field" in ids:
+                if in_root_cause and hit.line_no - in_root_cause < 12:
+                    got = elastic_field(hit.text)
+                    if got and got[0] == "host" and isinstance(got[1], str):
+                        host = topo.plausible_host(got[1]) or (got[1] if not topo.known else None)
+                        if host:
+                            col.elastic_hosts.append(host)
+                    elif got and got[0] == "rank" and isinstance(got[1], int):
+                        col.elastic_ranks.append(got[1])
+                continue
+            ctx = parse_line(hit.text, topo)
+            self._record(
+                col, hit.matches, hit.text, ctx, EvidenceSource.LOG, path, index, hit.line_no
+            )
+
+    def gather(self, request: AttributionRequest) -> tuple[_Collector, Topology]:
+        topo = Topology(request.nodelist, request.tasks_per_node)
+        col = _Collector()
+        base = len(request.log_paths)
+        for index, path in enumerate(request.log_paths):
+            try:
+                self._scan_file(col, path, index, topo)
+            except OSError as error:
+                log.warning("cannot read log %s: %s", path, error)
+        for offset, item in enumerate(request.evidence):
+            matches = self.matcher.match(item.text)
+            if not matches:
+                continue
+            ctx = parse_line(item.text, topo)
+            ctx.node = item.node or ctx.node
+            ctx.rank = item.rank if item.rank is not None else ctx.rank
+            ctx.gpu = item.gpu if item.gpu is not None else ctx.gpu
+            line_no = item.line_no if item.line_no is not None else offset + 1
+            self._record(
+                col, matches, item.text, ctx, item.source, item.file, base + 1 + offset, line_no
+            )
+        if request.slurm is not None:
+            for offset, (text, node) in enumerate(slurm_lines(request.slurm, request.nodelist)):
+                matches = self.matcher.match(text)
+                if text.startswith("slurm node "):
+                    # A node's reason may itself be a catalog line ("Xid 79", "Kill task failed").
+                    reason = text.split(" reason=", 1)[-1]
+                    matches = [*matches, *self.matcher.match(reason)]
+                if matches:
+                    ctx = LineContext(node=node)
+                    self._record(
+                        col, matches, text, ctx, EvidenceSource.SLURM, None, base + 100_000, offset
+                    )
+        return col, topo
+
+    # -- deciding ----------------------------------------------------------------------
+
+    def attribute(self, request: AttributionRequest) -> Diagnosis:
+        col, topo = self.gather(request)
+        return self.decide(col, topo, request)
+
+    def decide(self, col: _Collector, topo: Topology, request: AttributionRequest) -> Diagnosis:
+        findings = col.all()
+        roots = [f for f in findings if f.rule.role is Role.ROOT]
+        cascades = [f for f in findings if f.rule.role is Role.CASCADE]
+        confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION]
+        if roots:
+            return self._from_roots(col, topo, roots, cascades + confirms)
+        if cascades:
+            return self._from_cascades(col, cascades, confirms)
+        if confirms:
+            return self._unknown(
+                confirms,
+                "only symptoms (killed/aborted/exit codes) were found; the cause is not in the "
+                "evidence",
+                0.25,
+            )
+        slurm = request.slurm
+        summary = "no catalog line matched the evidence"
+        if slurm is not None and (slurm.exit_code or slurm.signal):
+            summary = (
+                f"job ended with exit code {slurm.exit_code}, signal {slurm.signal}; " + summary
+            )
+        return self._unknown([], summary, 0.1)
+
+    def _key(self, finding: Finding) -> tuple[int, int, int, int]:
+        return (
+            -finding.rule.precedence,
+            finding.order[0] if finding.evidence.source is EvidenceSource.LOG else -1,
+            finding.order[1],
+            finding.order[2],
+        )
+
+    def _from_roots(
+        self, col: _Collector, topo: Topology, roots: list[Finding], others: list[Finding]
+    ) -> Diagnosis:
+        roots.sort(key=self._key)
+        primary = roots[0]
+        rule = primary.rule
+        same = [f for f in roots if f.rule.category is rule.category]
+        confidence = rule.confidence
+        action = rule.action
+        nodes: list[str] = []
+        if rule.blames_node:
+            for f in same:
+                if f.rule.blames_node and f.evidence.node and f.evidence.node not in nodes:
+                    nodes.append(f.evidence.node)
+            for rid in {f.rule.id for f in same if f.rule.blames_node}:
+                for node in sorted(col.nodes.get(rid, ())):
+                    if node not in nodes:
+                        nodes.append(node)
+        ranks: list[int] = []
+        for f in same:
+            if f.evidence.rank is not None and f.evidence.rank not in ranks:
+                ranks.append(f.evidence.rank)
+        for rid in {f.rule.id for f in same}:
+            for rank in sorted(col.ranks.get(rid, ())):
+                if rank not in ranks:
+                    ranks.append(rank)
+        gpus = sorted(
+            {
+                f"{f.evidence.node}:{f.evidence.gpu}"
+                for f in same
+                if f.rule.blames_node and f.evidence.node and f.evidence.gpu is not None
+            }
+        )
+        notes: list[str] = []
+        if rule.blames_node and not nodes and col.elastic_hosts:
+            nodes = list(dict.fromkeys(col.elastic_hosts))
+        if rule.blames_node:
+            total = len(topo.nodelist)
+            if len(nodes) >= 2 and total and len(nodes) * 2 > total:
+                notes.append(f"seen on {len(nodes)}/{total} nodes: systemic, not one node")
+                if action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING):
+                    action = Action.ESCALATE
+                confidence *= 0.6
+                nodes = []
+            elif not nodes and action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING):
+                notes.append("culprit node not identified")
+                confidence -= 0.15
+        else:
+            nodes = []
+        # Several independent root categories on different nodes: less sure.
+        categories = {f.rule.category for f in roots if f.rule.precedence >= 50}
+        if len(categories) > 1:
+            confidence -= 0.05
+        if not ranks and col.elastic_ranks and not rule.blames_node:
+            ranks = list(dict.fromkeys(col.elastic_ranks))
+        evidence = self._pick_evidence(same, others)
+        summary_line = primary.evidence.text.strip()
+        summary = f"{rule.id}: {summary_line[:160]}"
+        if primary.xid is not None:
+            entry = self.catalog.xids.get(primary.xid)
+            if entry:
+                summary = f"Xid {entry.xid} {entry.description} ({entry.immediate.value})"
+        if notes:
+            summary += "; " + "; ".join(notes)
+        return Diagnosis(
+            category=rule.category,
+            action=action,
+            culprit_nodes=nodes,
+            culprit_ranks=sorted(ranks)[:64],
+            culprit_gpus=gpus,
+            transient=rule.transient,
+            confidence=round(max(0.05, min(1.0, confidence)), 2),
+            evidence=[f.evidence for f in evidence],
+            rule_ids=list(dict.fromkeys(f.rule.id for f in evidence)),
+            catalog_version=self.catalog.version,
+            summary=summary,
+        )
+
+    def _from_cascades(
+        self, col: _Collector, cascades: list[Finding], confirms: list[Finding]
+    ) -> Diagnosis:
+        cascades.sort(key=lambda f: (-f.rule.confidence, f.order))
+        rule = cascades[0].rule
+        ranks = list(dict.fromkeys(col.elastic_ranks))
+        evidence = self._pick_evidence(cascades, confirms)
+        return Diagnosis(
+            category=rule.category,
+            action=rule.action,
+            culprit_nodes=[],
+            culprit_ranks=ranks,
+            transient=rule.transient,
+            confidence=round(min(rule.confidence, 0.45), 2),
+            evidence=[f.evidence for f in evidence],
+            rule_ids=list(dict.fromkeys(f.rule.id for f in evidence)),
+            catalog_version=self.catalog.version,
+            summary=f"only cascade symptoms ({rule.id}); no local root error found",
+        )
+
+    def _unknown(self, lines: list[Finding], summary: str, confidence: float) -> Diagnosis:
+        lines = sorted(lines, key=lambda f: f.order)[:_MAX_EVIDENCE]
+        return Diagnosis(
+            category=Category.UNKNOWN,
+            action=Action.ESCALATE,
+            transient=None,
+            confidence=confidence,
+            evidence=[f.evidence for f in lines],
+            rule_ids=list(dict.fromkeys(f.rule.id for f in lines)),
+            catalog_version=self.catalog.version,
+            summary=summary,
+        )
+
+    def _pick_evidence(self, primary: list[Finding], others: list[Finding]) -> list[Finding]:
+        chosen: list[Finding] = []
+        seen_text: set[tuple[str, str | None]] = set()
+        for group, limit in (
+            (sorted(primary, key=self._key), 8),
+            (sorted(others, key=lambda f: f.order), 4),
+        ):
+            taken = 0
+            for f in group:
+                key = (f.evidence.text, f.evidence.node)
+                if key in seen_text:
+                    continue
+                seen_text.add(key)
+                chosen.append(f)
+                taken += 1
+                if taken >= limit or len(chosen) >= _MAX_EVIDENCE:
+                    break
+        return chosen
+
+
+def attribute_paths(
+    attributor: Attributor,
+    paths: list[str | Path],
+    nodelist: list[str] | None = None,
+    tasks_per_node: int | None = None,
+) -> Diagnosis:
+    """Convenience for the CLI and tests: diagnose a set of log files."""
+    request = AttributionRequest(
+        nodelist=list(nodelist or []),
+        tasks_per_node=tasks_per_node,
+        log_paths=[str(p) for p in paths],
+    )
+    return attributor.attribute(request)

@@ -1,0 +1,130 @@
+"""The catalog's records as pydantic models: validated once at load time.
+
+Unknown categories, actions or roles are rejected by the enums; regexes are
+compiled here so a bad pattern fails at load, not in the middle of an incident.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainmedic.domain import Action, Category, Role
+
+
+class CatalogError(ValueError):
+    """The catalog data is inconsistent (duplicate id, bad regex, unknown value...)."""
+
+
+class Pattern(BaseModel):
+    """One regex plus the literal trigger terms that any matching line must contain.
+
+    Triggers are what makes scanning fast: a line is only handed to the regex when
+    one of its triggers occurs in it (a case-sensitive substring test).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    regex: str
+    triggers: list[str] = Field(min_length=1)
+    ignore_case: bool = False
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as error:
+            raise ValueError(f"bad regex {value!r}: {error}") from error
+        return value
+
+    @field_validator("triggers")
+    @classmethod
+    def _non_empty(cls, value: list[str]) -> list[str]:
+        for trigger in value:
+            if len(trigger) < 2:
+                raise ValueError(f"trigger {trigger!r} is too short to be selective")
+        return value
+
+    def compiled(self) -> re.Pattern[str]:
+        return re.compile(self.regex, re.IGNORECASE if self.ignore_case else 0)
+
+
+class Rule(BaseModel):
+    """One record of the catalog: a kind of line and what it means."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
+    role: Role
+    category: Category
+    action: Action
+    transient: bool | None = None
+    confidence: float = Field(ge=0.0, le=1.0)
+    # Higher wins when several root rules fire: hardware beats the CUDA error it causes,
+    # a specific exception beats the generic traceback line.
+    precedence: int = Field(default=50, ge=0, le=100)
+    # Does this line point at the node it was logged on (hardware), or only at a rank?
+    blames_node: bool = False
+    description: str = ""
+    patterns: list[Pattern] = Field(min_length=1)
+    examples: list[str] = Field(min_length=1)
+    # Lines that look close but must NOT match (tests check them too).
+    non_examples: list[str] = Field(default_factory=list)
+    xid: int | None = None
+
+
+class XidBucket(StrEnum):
+    """NVIDIA's 'Resolution Bucket (Immediate Action)' column of the Xid catalog."""
+
+    IGNORE = "IGNORE"
+    RESTART_APP = "RESTART_APP"
+    RESET_GPU = "RESET_GPU"
+    RESTART_BM = "RESTART_BM"  # reboot the node (bare metal)
+    WORKFLOW_XID_48 = "WORKFLOW_XID_48"
+    WORKFLOW_NVLINK_ERR = "WORKFLOW_NVLINK_ERR"
+    WORKFLOW_NVLINK = "WORKFLOW_NVLINK"
+    CHECK_MECHANICALS = "CHECK_MECHANICALS"
+    CONTACT_SUPPORT = "CONTACT_SUPPORT"
+    UPDATE_SW = "UPDATE_SW"
+
+
+class XidEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    xid: int = Field(ge=1, le=999)
+    mnemonic: str
+    description: str = ""
+    immediate: XidBucket
+    category: Category | None = None  # overrides the bucket's default category
+
+
+class BucketPolicy(BaseModel):
+    """How one Xid resolution bucket turns into trainmedic's vocabulary."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Role
+    category: Category
+    action: Action
+    transient: bool | None
+    confidence: float = Field(ge=0.0, le=1.0)
+    precedence: int = Field(ge=0, le=100)
+    blames_node: bool
+
+
+class CatalogFile(BaseModel):
+    """The shape of one data file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str
+    rules: list[Rule] = Field(default_factory=list)
+    xid_buckets: dict[XidBucket, BucketPolicy] = Field(default_factory=dict)
+    xids: list[XidEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _xids_need_buckets(self) -> CatalogFile:
+        return self

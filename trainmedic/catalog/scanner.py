@@ -1,0 +1,131 @@
+"""Stream a log file of any size through the matcher with bounded memory.
+
+Reads big byte blocks, runs the trigger prefilter over the whole block, and only
+splits out the lines around prefilter hits. Invalid UTF-8 is replaced, NUL bytes
+dropped, and lines longer than `max_line` bytes are cut into chunks (the chunks keep
+the line's number), so one multi-megabyte line never has to sit in memory whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainmedic.catalog.matcher import LineMatch, Matcher
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE = 4 << 20
+MAX_LINE = 64 << 10
+_TEXT_KEEP = 2000  # characters of a matched line kept as evidence
+
+
+@dataclass(frozen=True, slots=True)
+class ScanHit:
+    line_no: int  # 1-based
+    text: str
+    matches: tuple[LineMatch, ...]
+
+
+def decode_line(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").replace("\x00", "").rstrip("\r\n")
+
+
+def clip(text: str) -> str:
+    return text if len(text) <= _TEXT_KEEP else text[:_TEXT_KEEP] + "…"
+
+
+def looks_binary(path: str | Path, probe: int = 8192) -> bool:
+    """True for files that are clearly not text logs (many NULs / control bytes)."""
+    with open(path, "rb") as handle:
+        head = handle.read(probe)
+    if not head:
+        return False
+    controls = sum(1 for b in head if b < 9 or 13 < b < 32)
+    return head.count(0) > len(head) // 100 or controls > len(head) // 10
+
+
+class Scanner:
+    def __init__(
+        self, matcher: Matcher, block_size: int = BLOCK_SIZE, max_line: int = MAX_LINE
+    ) -> None:
+        self.matcher = matcher
+        self.block_size = block_size
+        self.max_line = max_line
+        self.bytes_scanned = 0
+        self.lines_scanned = 0
+
+    def scan_path(self, path: str | Path) -> Iterator[ScanHit]:
+        with open(path, "rb") as handle:
+            yield from self.scan_stream(handle)
+
+    def scan_stream(self, handle: object) -> Iterator[ScanHit]:
+        read = handle.read  # type: ignore[attr-defined]
+        prefilter = self.matcher.prefilter
+        line_no = 1  # number of the line that starts at offset 0 of `buf`
+        carry = b""
+        while True:
+            block = read(self.block_size)
+            eof = not block
+            buf = carry + block if carry else block
+            if not buf:
+                break
+            self.bytes_scanned += len(block)
+            if eof:
+                end = len(buf)
+            else:
+                end = buf.rfind(b"\n") + 1
+                if end == 0:
+                    # No newline in the whole buffer: a giant line. Scan what we have as
+                    # one chunk of that line and keep going with the same line number.
+                    if len(buf) < self.max_line:
+                        carry = buf
+                        continue
+                    yield from self._chunks_of_long_line(buf, line_no)
+                    carry = b""
+                    continue
+            region = memoryview(buf)[:end]
+            cursor, cursor_line = 0, line_no
+            last_line_start = -1
+            for hit in prefilter.finditer(buf, 0, end):
+                start = buf.rfind(b"\n", 0, hit.start()) + 1
+                if start == last_line_start:
+                    continue  # one decision per line
+                last_line_start = start
+                stop = buf.find(b"\n", hit.end(), end)
+                if stop < 0:
+                    stop = end
+                cursor_line += buf.count(b"\n", cursor, start)
+                cursor = start
+                if stop - start > self.max_line:
+                    yield from self._long_line_hits(buf, start, stop, cursor_line)
+                    continue
+                text = decode_line(bytes(region[start:stop]))
+                found = self.matcher.match(text)
+                if found:
+                    yield ScanHit(cursor_line, clip(text), tuple(found))
+            newlines = buf.count(b"\n", 0, end)
+            self.lines_scanned += newlines
+            line_no += newlines
+            carry = buf[end:]
+            if eof:
+                if carry:
+                    self.lines_scanned += 1
+                break
+
+    def _long_line_hits(self, buf: bytes, start: int, stop: int, line_no: int) -> Iterator[ScanHit]:
+        yield from self._chunks_of_long_line(buf[start:stop], line_no)
+
+    def _chunks_of_long_line(self, data: bytes, line_no: int) -> Iterator[ScanHit]:
+        step = self.max_line
+        for offset in range(0, len(data), step):
+            # Overlap chunks a little so a message cut at a chunk edge is still seen.
+            chunk = data[max(0, offset - 512) : offset + step]
+            if not self.matcher.prefilter.search(chunk):
+                continue
+            text = decode_line(chunk)
+            found = self.matcher.match(text)
+            if found:
+                yield ScanHit(line_no, clip(text), tuple(found))
