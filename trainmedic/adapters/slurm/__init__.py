@@ -1,1 +1,37 @@
+"""Slurm adapters: the `SlurmBackend` protocol and its command-line implementation."""
 
+from trainmedic.adapters.slurm.cli import SlurmCli
+from trainmedic.adapters.slurm.errors import (
+    JobNotRequeueable,
+    JobStateConflict,
+    NoSuchJob,
+    NoSuchNode,
+    SlurmCommandFailed,
+    SlurmCommandNotFound,
+    SlurmError,
+    SlurmInvalidArgument,
+    SlurmParseError,
+    SlurmTimeout,
+    SlurmUnavailable,
+)
+from trainmedic.adapters.slurm.protocol import CommandRunner, CompletedCommand, SlurmBackend
+from trainmedic.adapters.slurm.runner import LocalRunner
+
+__all__ = [
+    "CommandRunner",
+    "CompletedCommand",
+    "JobNotRequeueable",
+    "JobStateConflict",
+    "LocalRunner",
+    "NoSuchJob",
+    "NoSuchNode",
+    "SlurmBackend",
+    "SlurmCli",
+    "SlurmCommandFailed",
+    "SlurmCommandNotFound",
+    "SlurmError",
+    "SlurmInvalidArgument",
+    "SlurmParseError",
+    "SlurmTimeout",
+    "SlurmUnavailable",
+]

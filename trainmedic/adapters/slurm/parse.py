@@ -1,0 +1,472 @@
+"""Parsers for Slurm's outputs, tolerant of the 22.05 and 24.11 shapes.
+
+- `squeue --json`: 22.05 (openapi v0.0.38) gives plain ints, `job_state` as a string and
+  `exit_code` as a raw wait status; 24.11 (data_parser v0.0.41/42) wraps many ints as
+  `{"set", "infinite", "number"}`, gives `job_state` as a list (state plus flags) and
+  `exit_code` as `{"status": [...], "return_code": {...}, "signal": {"id": {...}}}`.
+- `sinfo --json`: 22.05 has a top-level `nodes` list (one entry per node, `state` a
+  lower-case string plus `state_flags`); 24.11 has a top-level `sinfo` list whose entries
+  are per partition and group nodes (`nodes.nodes`) with `node.state` as a list.
+  `scontrol --json show node` (23.02+) has `nodes` with `state` as a list: handled too.
+- `scontrol -o show job|node`: one `Key=Value ...` record per line, in every version.
+
+All functions are pure and raise `SlurmParseError` on shapes they cannot read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from trainmedic.adapters.slurm.errors import SlurmParseError, SlurmUnavailable
+from trainmedic.domain.hostlist import HostlistError, expand
+from trainmedic.domain.slurm import (
+    JOB_BASE_STATES,
+    NODE_BASE_STATES,
+    ExitStatus,
+    SlurmJob,
+    SlurmNode,
+    SlurmVersion,
+)
+
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> SlurmVersion:
+    """'slurm-wlm 22.05.8' / 'slurm 24.11.1' -> SlurmVersion."""
+    match = _VERSION.search(text)
+    if not match:
+        raise SlurmParseError(f"cannot read a Slurm version from {text.strip()!r}")
+    return SlurmVersion(
+        major=int(match.group(1)), minor=int(match.group(2)), micro=int(match.group(3) or 0)
+    )
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _num(value: Any) -> int | None:
+    """An int from a plain number or a 24.11 `{"set", "infinite", "number"}` object."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, Mapping):
+        if value.get("infinite") or not value.get("set", True):
+            return None
+        return _num(value.get("number"))
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def _hosts(value: Any) -> list[str]:
+    """Expand a hostlist string (or a list of them); Slurm's '(null)' and '' are empty."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    names: list[str] = []
+    for item in items:
+        text = str(item).strip()
+        if not text or text in {"(null)", "None"}:
+            continue
+        try:
+            for name in expand(text):
+                if name not in names:
+                    names.append(name)
+        except HostlistError as exc:
+            raise SlurmParseError(f"bad hostlist {text!r} from Slurm: {exc}") from exc
+    return names
+
+
+def _split_state(states: Iterable[str], base_states: frozenset[str]) -> tuple[str, list[str]]:
+    """['IDLE', 'DRAIN'] -> ('IDLE', ['DRAIN']); the first base state found is the base."""
+    base: str | None = None
+    flags: list[str] = []
+    for raw in states:
+        for part in str(raw).split("+"):
+            name = part.strip().upper()
+            if not name:
+                continue
+            if name.endswith("*"):  # sinfo/scontrol mark a non-responding node with '*'
+                name = name.rstrip("*")
+                flags.append("NOT_RESPONDING")
+            if base is None and name in base_states:
+                base = name
+            elif name not in flags:
+                flags.append(name)
+    return base or "UNKNOWN", flags
+
+
+def _load_json(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"{what}: output is not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise SlurmParseError(f"{what}: expected a JSON object")
+    return doc
+
+
+def _raise_json_errors(doc: Mapping[str, Any], what: str) -> None:
+    """22.05's squeue/sinfo exit 0 and put failures in `errors` (e.g. slurmctld down)."""
+    errors = doc.get("errors") or []
+    if not errors:
+        return
+    parts = []
+    for error in errors:
+        if isinstance(error, Mapping):
+            bits = [str(error.get(k)) for k in ("source", "description", "error") if error.get(k)]
+            parts.append(": ".join(bits) or json.dumps(error))
+        else:
+            parts.append(str(error))
+    # A read that comes back with errors and no data is what slurmctld being unreachable
+    # looks like in 22.05 ("Unspecified error"); reads are safe to retry.
+    raise SlurmUnavailable(f"{what} reported errors: {'; '.join(parts)}", stderr="; ".join(parts))
+
+
+# ----------------------------------------------------------------------------- jobs
+
+
+def _exit_from_json(value: Any) -> ExitStatus | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping):  # 24.11: PROCESS_EXIT_CODE_VERBOSE
+        status = value.get("status") or []
+        if isinstance(status, str):
+            status = [status]
+        signal_obj = value.get("signal") or {}
+        signal = _num(signal_obj.get("id")) if isinstance(signal_obj, Mapping) else None
+        code = _num(value.get("return_code"))
+        if "PENDING" in status or "INVALID" in status:
+            return None
+        if signal or "SIGNALED" in status or "CORE_DUMPED" in status:
+            return ExitStatus(code=None, signal=signal)
+        return ExitStatus(code=code, signal=None)
+    raw = _num(value)
+    return ExitStatus.from_wait_status(raw) if raw is not None else None
+
+
+def expand_std_path(pattern: str | None, job: SlurmJob) -> str | None:
+    """Fill the common filename patterns (%j %A %a %x %u %N %%) the way slurmd does.
+
+    22.05's JSON carries the unexpanded pattern (`train-%j.out`), and an empty string when
+    the default `slurm-%j.out` (arrays: `slurm-%A_%a.out`) in the working directory is used.
+    """
+    if not pattern:
+        if job.batch is False or not job.work_dir:
+            return None
+        default = "slurm-%A_%a.out" if job.array_task_id is not None else "slurm-%j.out"
+        pattern = f"{job.work_dir.rstrip('/')}/{default}"
+    if "%" not in pattern:
+        return pattern
+    jobid = str(job.numeric_id) if job.numeric_id is not None else job.job_id
+    values = {
+        "j": jobid,
+        "A": str(job.array_job_id) if job.array_job_id is not None else jobid,
+        "a": str(job.array_task_id) if job.array_task_id is not None else "4294967294",
+        "x": job.name,
+        "u": job.user or "",
+        "N": job.batch_host or "",
+        "%": "%",
+    }
+
+    def fill(match: re.Match[str]) -> str:
+        width, key = match.group(1), match.group(2)
+        value = values.get(key)
+        if value is None:
+            return match.group(0)
+        if width and value.isdigit():
+            return value.zfill(int(width))
+        return value
+
+    return re.sub(r"%(\d*)([jAaxuN%])", fill, pattern)
+
+
+def job_from_json(raw: Mapping[str, Any]) -> SlurmJob:
+    numeric = _num(raw.get("job_id"))
+    if numeric is None:
+        raise SlurmParseError(f"job without a job_id: {sorted(raw)[:8]}")
+    array_job = _num(raw.get("array_job_id")) or None  # 0 means "not an array"
+    array_task = _num(raw.get("array_task_id")) if array_job else None
+    if array_job and array_task is not None:
+        job_id = f"{array_job}_{array_task}"
+    elif array_job and raw.get("array_task_string"):
+        job_id = f"{array_job}_[{raw['array_task_string']}]"  # a pending meta record
+    else:
+        job_id = str(numeric)
+    state_value = raw.get("job_state") or "UNKNOWN"
+    states = state_value if isinstance(state_value, list) else [state_value]
+    state, flags = _split_state(states, JOB_BASE_STATES)
+    job = SlurmJob(
+        job_id=job_id,
+        numeric_id=numeric,
+        array_job_id=array_job,
+        array_task_id=array_task,
+        name=str(raw.get("name") or ""),
+        user=_text(raw.get("user_name")),
+        partition=_text(raw.get("partition")),
+        state=state,
+        state_flags=flags,
+        state_reason=_text(raw.get("state_reason")),
+        nodes=_hosts(raw.get("nodes")),
+        node_count=_num(raw.get("node_count")),
+        tasks=_num(raw.get("tasks")),
+        tasks_per_node=_num(raw.get("tasks_per_node")) or None,
+        excluded_nodes=_hosts(raw.get("excluded_nodes")),
+        comment=str(raw.get("comment") or ""),
+        work_dir=_text(raw.get("current_working_directory")),
+        requeue=raw.get("requeue") if isinstance(raw.get("requeue"), bool) else None,
+        restarts=_num(raw.get("restart_cnt")) or 0,
+        batch=raw.get("batch_flag") if isinstance(raw.get("batch_flag"), bool) else None,
+        priority=_num(raw.get("priority")),
+        batch_host=_text(raw.get("batch_host")),
+        exit=_exit_from_json(raw.get("exit_code")),
+    )
+    job.stdout_path = expand_std_path(_text(raw.get("standard_output")), job)
+    job.stderr_path = expand_std_path(_text(raw.get("standard_error")), job) or job.stdout_path
+    return job
+
+
+def parse_squeue_json(text: str) -> list[SlurmJob]:
+    doc = _load_json(text, "squeue --json")
+    _raise_json_errors(doc, "squeue --json")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        raise SlurmParseError("squeue --json: no 'jobs' list")
+    return [job_from_json(raw) for raw in jobs]
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+def _node_from_flat(raw: Mapping[str, Any]) -> SlurmNode:
+    """22.05 sinfo `nodes[]` entry, or 23.02+ `scontrol --json show node` entry."""
+    state_value = raw.get("state") or "UNKNOWN"
+    states = list(state_value) if isinstance(state_value, list) else [state_value]
+    states += list(raw.get("state_flags") or [])
+    state, flags = _split_state(states, NODE_BASE_STATES)
+    partitions = raw.get("partitions") or []
+    if isinstance(partitions, str):
+        partitions = [p for p in partitions.split(",") if p]
+    return SlurmNode(
+        name=str(raw["name"]),
+        state=state,
+        state_flags=flags,
+        reason=_text(raw.get("reason")),
+        reason_user=_text(raw.get("reason_set_by_user")),
+        partitions=[str(p) for p in partitions],
+        gres=_text(raw.get("gres")),
+        cpus=_num(raw.get("cpus")),
+        hostname=_text(raw.get("hostname")),
+    )
+
+
+def _nodes_from_sinfo_entries(entries: Sequence[Mapping[str, Any]]) -> list[SlurmNode]:
+    """24.11 `sinfo[]`: one entry per partition and group of alike nodes; merge per node."""
+    by_name: dict[str, SlurmNode] = {}
+    for entry in entries:
+        node_obj = entry.get("node") or {}
+        states = node_obj.get("state") or ["UNKNOWN"]
+        state, flags = _split_state(
+            states if isinstance(states, list) else [states], NODE_BASE_STATES
+        )
+        nodes_obj = entry.get("nodes") or {}
+        names = _hosts(nodes_obj.get("nodes") if isinstance(nodes_obj, Mapping) else nodes_obj)
+        partition = (entry.get("partition") or {}).get("name")
+        gres = entry.get("gres") or {}
+        cpus = entry.get("cpus") or {}
+        for name in names:
+            node = by_name.get(name)
+            if node is None:
+                node = SlurmNode(
+                    name=name,
+                    state=state,
+                    state_flags=flags,
+                    reason=_text(entry.get("reason")),
+                    gres=_text(gres.get("total")) if isinstance(gres, Mapping) else None,
+                    cpus=_num(cpus.get("maximum")) if isinstance(cpus, Mapping) else None,
+                )
+                by_name[name] = node
+            if partition and partition not in node.partitions:
+                node.partitions.append(str(partition))
+    return list(by_name.values())
+
+
+def parse_sinfo_json(text: str) -> list[SlurmNode]:
+    """Nodes from `sinfo --json` (22.05 or 24.11) or `scontrol --json show node`."""
+    doc = _load_json(text, "sinfo --json")
+    _raise_json_errors(doc, "sinfo --json")
+    if isinstance(doc.get("sinfo"), list):
+        return _nodes_from_sinfo_entries(doc["sinfo"])
+    if isinstance(doc.get("nodes"), list):
+        return [_node_from_flat(raw) for raw in doc["nodes"]]
+    raise SlurmParseError("sinfo --json: neither a 'sinfo' nor a 'nodes' list")
+
+
+# ----------------------------------------------------------------------------- scontrol -o
+
+# Keys whose values are free text and may contain spaces and '=': inside them, only a
+# key known to scontrol starts the next field.
+_FREE_TEXT_KEYS = frozenset(
+    {
+        "Comment",
+        "AdminComment",
+        "SystemComment",
+        "Reason",
+        "OS",
+        "Command",
+        "WorkDir",
+        "StdOut",
+        "StdErr",
+        "StdIn",
+        "JobName",
+        "Features",
+        "ActiveFeatures",
+        "AvailableFeatures",
+        "Extra",
+        "Dependency",
+    }
+)
+_KNOWN_KEYS_TEXT = """
+Account AccrueTime ActiveFeatures AdminComment AllocMem AllocNode:Sid AllocTRES Arch
+ArrayJobId ArrayTaskId ArrayTaskThrottle AvailableFeatures AveWatts BatchFlag BatchHost
+Boards BootTime BurstBuffer CPUAlloc CPUEfctv CPULoad CPUTot CPUs/Task CapWatts CfgTRES
+Command Comment Container ContainerID Contiguous CoreSpec CoresPerSocket CurrentWatts
+Deadline DelayBoot Dependency EligibleTime EndTime ExcNodeList ExitCode ExtSensorsJoules
+ExtSensorsTemp ExtSensorsWatts Extra FailedNode Features FreeMem Gres GresUsed GroupId
+InstanceId InstanceType JobId JobName JobState LastBusyTime LastSchedEval Licenses
+MCS_label MailType MailUser MinCPUsNode MinMemoryCPU MinMemoryNode MinTmpDiskNode
+Network Nice NodeAddr NodeHostName NodeList NodeName NtasksPerN:B:S:C NumCPUs NumNodes
+NumTasks OS OverSubscribe Owner Partition Partitions Port Power PreemptEligibleTime
+PreemptTime Prefer Priority QOS RealMemory Reason Reboot ReqB:S:C:T ReqNodeList Requeue
+Reservation ResizeTime Restarts ResumeAfterTime RunTime SchedNodeList Scheduler
+SecsPreSuspend SlurmdStartTime Sockets Socks/Node StartTime State StdErr StdIn StdOut
+SubmitTime SuspendTime SystemComment TRES ThreadsPerCore TimeLimit TimeMin TmpDisk
+TresPerJob TresPerNode TresPerTask UserId Version Weight WorkDir
+"""
+_KNOWN_KEYS = frozenset(_KNOWN_KEYS_TEXT.split())
+_KEY = re.compile(r"^([A-Z][A-Za-z0-9_:/]*)=(.*)$", re.S)
+_REASON_STAMP = re.compile(r"\s*\[[^\]@]+@[^\]]+\]\s*$")
+
+
+def parse_scontrol_records(text: str) -> list[dict[str, str]]:
+    """`scontrol -o show job|node` -> one dict per line; values kept as Slurm wrote them."""
+    records: list[dict[str, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        record: dict[str, str] = {}
+        key: str | None = None
+        for token in line.split():
+            match = _KEY.match(token)
+            starts_field = match is not None and (
+                key is None or key not in _FREE_TEXT_KEYS or match.group(1) in _KNOWN_KEYS
+            )
+            if match and starts_field:
+                key = match.group(1)
+                record[key] = match.group(2)
+            elif key is not None:
+                record[key] = f"{record[key]} {token}" if record[key] else token
+            else:
+                raise SlurmParseError(f"scontrol output does not start with a key: {line[:80]!r}")
+        records.append(record)
+    return records
+
+
+def _null(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    return None if value in {"", "(null)", "N/A", "None"} else value
+
+
+def _int_field(record: Mapping[str, str], key: str) -> int | None:
+    value = _null(record.get(key))
+    if value is None:
+        return None
+    head = value.split("-")[0]  # NumNodes=4-4 on pending jobs
+    return int(head) if head.isdigit() else None
+
+
+def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
+    if "JobId" not in record:
+        raise SlurmParseError("scontrol job record without JobId")
+    numeric = int(record["JobId"])
+    array_job = _int_field(record, "ArrayJobId")
+    array_task = _int_field(record, "ArrayTaskId")
+    job_id = f"{array_job}_{array_task}" if array_job and array_task is not None else str(numeric)
+    state, flags = _split_state([record.get("JobState", "UNKNOWN")], JOB_BASE_STATES)
+    tasks_per_node = None
+    ntasks = _null(record.get("NtasksPerN:B:S:C"))
+    if ntasks:
+        head = ntasks.split(":")[0]
+        tasks_per_node = int(head) if head.isdigit() and int(head) > 0 else None
+    user = _null(record.get("UserId"))
+    exit_text = _null(record.get("ExitCode"))
+    requeue = _null(record.get("Requeue"))
+    batch = _null(record.get("BatchFlag"))
+    return SlurmJob(
+        job_id=job_id,
+        numeric_id=numeric,
+        array_job_id=array_job,
+        array_task_id=array_task if array_job else None,
+        name=record.get("JobName", ""),
+        user=user.split("(")[0] if user else None,
+        partition=_null(record.get("Partition")),
+        state=state,
+        state_flags=flags,
+        state_reason=_null(record.get("Reason")),
+        nodes=_hosts(_null(record.get("NodeList"))),
+        node_count=_int_field(record, "NumNodes"),
+        tasks=_int_field(record, "NumTasks"),
+        tasks_per_node=tasks_per_node,
+        excluded_nodes=_hosts(_null(record.get("ExcNodeList"))),
+        comment=(_null(record.get("Comment")) or ""),
+        stdout_path=_null(record.get("StdOut")),
+        stderr_path=_null(record.get("StdErr")),
+        work_dir=_null(record.get("WorkDir")),
+        requeue=(requeue == "1") if requeue is not None else None,
+        restarts=_int_field(record, "Restarts") or 0,
+        batch=(batch == "1") if batch is not None else None,
+        priority=_int_field(record, "Priority"),
+        batch_host=_null(record.get("BatchHost")),
+        exit=ExitStatus.from_colon(exit_text) if exit_text else None,
+    )
+
+
+def node_from_scontrol(record: Mapping[str, str]) -> SlurmNode:
+    if "NodeName" not in record:
+        raise SlurmParseError("scontrol node record without NodeName")
+    state, flags = _split_state([record.get("State", "UNKNOWN")], NODE_BASE_STATES)
+    reason = _null(record.get("Reason"))
+    reason_user = None
+    if reason:
+        # 'Xid 79 [root@2026-11-29T22:40:13]': scontrol appends who set it and when.
+        stamp = _REASON_STAMP.search(reason)
+        if stamp:
+            reason_user = stamp.group(0).strip().strip("[]").split("@")[0] or None
+            reason = reason[: stamp.start()].strip() or None
+    partitions = _null(record.get("Partitions"))
+    return SlurmNode(
+        name=record["NodeName"],
+        state=state,
+        state_flags=flags,
+        reason=reason,
+        reason_user=reason_user,
+        partitions=partitions.split(",") if partitions else [],
+        gres=_null(record.get("Gres")),
+        cpus=_int_field(record, "CPUTot"),
+        hostname=_null(record.get("NodeHostName")),
+    )
