@@ -1,0 +1,185 @@
+"""The Attributor as the recovery loop calls it, the corpus eval gate, and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from trainmedic.catalog import Attributor
+from trainmedic.catalog.evaluation import evaluate
+from trainmedic.cli.attribute import register
+from trainmedic.domain import (
+    Action,
+    AttributionRequest,
+    Category,
+    Evidence,
+    EvidenceSource,
+    SlurmObservation,
+)
+
+CORPUS = Path(__file__).parents[1] / "corpus"
+NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]
+ENGINE = Attributor()
+
+
+def _req(**kw: object) -> AttributionRequest:
+    return AttributionRequest(nodelist=NODES, tasks_per_node=8, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("obs", "category", "action", "culprits"),
+    [
+        (
+            SlurmObservation(job_state="FAILED", node_states={"gpu03": "DOWN*", "gpu01": "MIXED"}),
+            Category.NODE_DOWN,
+            Action.DRAIN_AND_RESTART,
+            ["gpu03"],
+        ),
+        (
+            SlurmObservation(job_state="RUNNING", node_states={"gpu02": "IDLE+NOT_RESPONDING"}),
+            Category.NODE_DOWN,
+            Action.DRAIN_AND_RESTART,
+            ["gpu02"],
+        ),
+        (SlurmObservation(job_state="OUT_OF_MEMORY"), Category.OOM_HOST, Action.STOP, []),
+        (SlurmObservation(job_state="TIMEOUT"), Category.SCHEDULER_PREEMPTION, Action.WAIT, []),
+        (SlurmObservation(job_state="PREEMPTED"), Category.SCHEDULER_PREEMPTION, Action.WAIT, []),
+        (SlurmObservation(job_state="FAILED", exit_code=1), Category.UNKNOWN, Action.ESCALATE, []),
+    ],
+)
+def test_slurm_state_alone(obs, category, action, culprits) -> None:
+    diagnosis = ENGINE.attribute(_req(slurm=obs))
+    assert (diagnosis.category, diagnosis.action) == (category, action)
+    assert diagnosis.culprit_nodes == culprits
+    assert diagnosis.catalog_version == ENGINE.catalog.version
+
+
+def test_node_outside_the_job_is_not_blamed() -> None:
+    obs = SlurmObservation(job_state="FAILED", exit_code=1, node_states={"gpu09": "DOWN"})
+    diagnosis = ENGINE.attribute(_req(slurm=obs))
+    assert diagnosis.category is Category.UNKNOWN and not diagnosis.culprit_nodes
+
+
+def test_kernel_evidence_beats_cascades_in_logs(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    lines = [
+        f"[rank{r}]:[E ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=9) ran for 600100 milliseconds before timing out."
+        for r in range(32)
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    xid = Evidence(
+        source=EvidenceSource.KERNEL,
+        node="gpu02",
+        text="NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python, DBE (0x00000000)",
+    )
+    diagnosis = ENGINE.attribute(_req(log_paths=[str(log)], evidence=[xid]))
+    assert diagnosis.category is Category.GPU_MEMORY_ECC
+    assert diagnosis.action is Action.DRAIN_AND_RESTART
+    assert diagnosis.culprit_nodes == ["gpu02"]
+    assert "kernel.xid_48" in diagnosis.rule_ids
+    only_cascades = ENGINE.attribute(_req(log_paths=[str(log)]))
+    assert only_cascades.culprit_nodes == [] and only_cascades.confidence < 0.5
+
+
+def test_rank_prefix_maps_to_node(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    log.write_text("[rank19]: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    diagnosis = ENGINE.attribute(_req(log_paths=[str(log)]))
+    assert diagnosis.culprit_nodes == ["gpu03"] and diagnosis.culprit_ranks == [19]
+    assert diagnosis.evidence[0].line_no == 1 and diagnosis.evidence[0].file == str(log)
+
+
+def test_node_fault_on_most_nodes_is_not_drained(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    log.write_text(
+        "".join(f"{h}:1:2 [0] NCCL WARN NET/IB : Got async event : port error\n" for h in NODES[:3])
+    )
+    diagnosis = ENGINE.attribute(_req(log_paths=[str(log)]))
+    assert diagnosis.category is Category.INFINIBAND_NIC
+    assert diagnosis.action is not Action.DRAIN_AND_RESTART and diagnosis.culprit_nodes == []
+
+
+def test_nothing_found_is_unknown_escalate(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    log.write_text("iteration 1 | loss 2.0\nvalidation error: 0.1\n")
+    diagnosis = ENGINE.attribute(_req(log_paths=[str(log)]))
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+    assert diagnosis.confidence <= 0.25
+
+
+def test_corpus_eval_meets_thresholds() -> None:
+    report = evaluate(CORPUS, CORPUS / "labels.jsonl", ENGINE)
+    assert report.cases >= 60
+    assert report.category_accuracy >= 0.9, [r for r in report.results if not r.category_ok]
+    assert report.action_accuracy >= 0.9, [r for r in report.results if not r.action_ok]
+    assert report.culprit_accuracy >= 0.9, [r for r in report.results if not r.culprit_ok]
+    assert report.dangerous == []
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    return app
+
+
+def test_cli_attribute_json(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text("Mar 12 10:19:03 gpu04 kernel: NVRM: Xid (PCI:0000:b3:00): 79, pid=1, x\n")
+    result = CliRunner().invoke(
+        _app(),
+        ["attribute", str(log), "--nodelist", "gpu[01-04]", "--tasks-per-node", "8", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[0])
+    for key in (
+        "file",
+        "category",
+        "action",
+        "culprit_nodes",
+        "culprit_ranks",
+        "transient",
+        "confidence",
+        "evidence",
+        "rule_ids",
+    ):
+        assert key in data
+    assert data["culprit_nodes"] == ["gpu04"] and data["action"] == "drain_and_restart"
+
+
+def test_cli_eval_json() -> None:
+    result = CliRunner().invoke(
+        _app(),
+        ["attribution", "eval", str(CORPUS), "--labels", str(CORPUS / "labels.jsonl"), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for key in ("cases", "category_accuracy", "action_accuracy", "culprit_accuracy", "dangerous"):
+        assert key in data
+
+
+def test_cli_bad_inputs_are_clean_errors(tmp_path: Path) -> None:
+    app = _app()
+    missing = CliRunner().invoke(app, ["attribute", str(tmp_path / "nope.log")])
+    assert missing.exit_code == 2 and "nope.log" in missing.output
+    binary = tmp_path / "core.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    result = CliRunner().invoke(app, ["attribute", str(binary)])
+    assert result.exit_code == 2 and "core.bin" in result.output and "binary" in result.output
+    (tmp_path / "a.log").write_text("x\n")
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"file": "a.log", "category": "unknown", "expected_action": "wait"}\n{bad\n')
+    result = CliRunner().invoke(
+        app, ["attribution", "eval", str(tmp_path), "--labels", str(labels)]
+    )
+    assert result.exit_code == 2 and "labels.jsonl:2" in result.output
+    assert "Traceback" not in result.output

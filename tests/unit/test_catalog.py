@@ -1,0 +1,119 @@
+"""The catalog checked both ways: every rule reachable by its examples, every example
+matched by its rule, every Xid mapped; bad data fails at load time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainmedic.catalog import CatalogError, Matcher, load_catalog
+from trainmedic.catalog.loader import parse_files
+from trainmedic.domain import Action, Role
+
+CATALOG = load_catalog()
+MATCHER = Matcher(CATALOG)
+DATA = Path(__file__).parents[2] / "trainmedic" / "catalog" / "data"
+
+
+def test_version_and_size() -> None:
+    assert CATALOG.version
+    assert len(CATALOG.rules) > 200
+    import trainmedic.catalog as package
+
+    assert CATALOG.version == package.CATALOG_VERSION
+
+
+@pytest.mark.parametrize("rule", CATALOG.rules, ids=lambda r: r.id)
+def test_every_example_matches_its_rule(rule) -> None:
+    for example in rule.examples:
+        assert MATCHER.prefilter.search(example.encode()), f"no trigger in {example!r}"
+        got = [m.rule.id for m in MATCHER.match(example)]
+        assert rule.id in got, f"{rule.id} missed {example!r} (got {got})"
+    for example in rule.non_examples:
+        assert rule.id not in [m.rule.id for m in MATCHER.match(example)], example
+
+
+def test_every_rule_reachable_from_some_example() -> None:
+    reached = {m.rule.id for r in CATALOG.rules for ex in r.examples for m in MATCHER.match(ex)}
+    assert reached == set(CATALOG.by_id)
+
+
+def test_every_xid_mapped_with_an_action() -> None:
+    assert set(range(1, 171)) <= set(CATALOG.xids)
+    for xid, entry in CATALOG.xids.items():
+        rule = CATALOG.xid_rules[xid]
+        assert rule.xid == xid and entry.immediate.value in rule.description
+        line = f"kernel: NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1, name=python, x"
+        assert [m.rule.id for m in MATCHER.match(line)] == [f"kernel.xid_{xid}"]
+
+
+@pytest.mark.parametrize(
+    ("xid", "action", "role"),
+    [
+        (79, Action.DRAIN_AND_RESTART, Role.ROOT),
+        (48, Action.DRAIN_AND_RESTART, Role.ROOT),
+        (74, Action.DRAIN_AND_RESTART, Role.ROOT),
+        (13, Action.RESTART, Role.ROOT),
+        (31, Action.RESTART, Role.ROOT),
+        (63, Action.RESTART, Role.CONTEXT),
+        (92, Action.RESTART, Role.CONTEXT),
+    ],
+)
+def test_xid_actions_follow_nvidia_buckets(xid: int, action: Action, role: Role) -> None:
+    rule = CATALOG.xid_rules[xid]
+    assert (rule.action, rule.role) == (action, role)
+
+
+def test_sxid_is_not_an_xid() -> None:
+    line = "nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 44 LTSSM Fault Up"
+    assert [m.rule.id for m in MATCHER.match(line)] == ["kernel.sxid_nvswitch"]
+
+
+def _texts() -> dict[str, str]:
+    return {p.name: p.read_text() for p in DATA.glob("*.yaml")}
+
+
+RULE = """
+  - id: test.one
+    role: root
+    category: {category}
+    action: {action}
+    confidence: 0.5
+    patterns: [{{regex: 'boom', triggers: ["boom"]}}]
+    examples: ["boom"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("category", "action", "needle"),
+    [("gpu_fire", "restart", "category"), ("oom_gpu", "reboot_everything", "action")],
+)
+def test_unknown_values_fail_at_load(category: str, action: str, needle: str) -> None:
+    texts = _texts()
+    texts["zz.yaml"] = f'version: "{CATALOG.version}"\nrules:' + RULE.format(
+        category=category, action=action
+    )
+    with pytest.raises(CatalogError, match=needle):
+        parse_files(texts)
+
+
+def test_duplicate_id_fails_at_load() -> None:
+    texts = _texts()
+    body = RULE.format(category="oom_gpu", action="stop")
+    texts["zz.yaml"] = f'version: "{CATALOG.version}"\nrules:' + body + body
+    with pytest.raises(CatalogError, match="duplicate rule id"):
+        parse_files(texts)
+
+
+def test_version_disagreement_and_bad_regex_fail() -> None:
+    texts = _texts()
+    texts["zz.yaml"] = 'version: "0.0.0"\nrules: []\n'
+    with pytest.raises(CatalogError, match="disagree"):
+        parse_files(texts)
+    texts = _texts()
+    texts["zz.yaml"] = f'version: "{CATALOG.version}"\nrules:' + RULE.format(
+        category="oom_gpu", action="stop"
+    ).replace("'boom'", "'(unclosed'")
+    with pytest.raises(CatalogError, match="bad regex"):
+        parse_files(texts)

@@ -1,0 +1,73 @@
+"""The streaming scanner: line numbers, garbage, giant lines, block boundaries."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from trainmedic.catalog import Matcher, Scanner, load_catalog
+from trainmedic.catalog.scanner import looks_binary
+
+MATCHER = Matcher(load_catalog())
+XID = b"kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
+OOM = b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+
+def _scan(data: bytes, **kw: int) -> list[tuple[int, list[str]]]:
+    scanner = Scanner(MATCHER, **kw)
+    return [
+        (h.line_no, [m.rule.id for m in h.matches]) for h in scanner.scan_stream(io.BytesIO(data))
+    ]
+
+
+def test_line_numbers_across_small_blocks() -> None:
+    lines = [b"iteration %d | lm loss 2.0" % i for i in range(1000)]
+    lines[10] = XID
+    lines[777] = OOM
+    data = b"\n".join(lines)  # no trailing newline: the last line still counts
+    for block in (7, 64, 1000, 1 << 20):
+        hits = _scan(data, block_size=block, max_line=256)
+        assert [n for n, _ in hits] == [11, 778]
+        assert "kernel.xid_79" in hits[0][1] and "oom.gpu_torch" in hits[1][1]
+
+
+def test_invalid_utf8_nul_and_crlf_survive() -> None:
+    data = (
+        b"\xff\xfe\x00garbage\x80\r\n"
+        + os.urandom(5000).replace(b"\n", b" ")
+        + b"\r\n"
+        + XID
+        + b"\r\n"
+    )
+    hits = _scan(data, block_size=512)
+    assert hits[-1][0] == 3 and "kernel.xid_79" in hits[-1][1]
+
+
+def test_multi_megabyte_line_is_chunked_and_scanning_continues() -> None:
+    giant = b"A" * (3 << 20) + b" " + OOM + b" " + b"B" * (2 << 20)
+    data = b"start\n" + giant + b"\n" + XID + b"\n"
+    hits = _scan(data, block_size=1 << 20, max_line=64 << 10)
+    assert any(n == 2 and "oom.gpu_torch" in ids for n, ids in hits)
+    assert hits[-1][0] == 3 and "kernel.xid_79" in hits[-1][1]
+
+
+def test_benign_lines_give_no_hits() -> None:
+    data = b"\n".join(
+        [
+            b"validation error: 0.12 | mean absolute error 0.3",
+            b"gpu01:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 8 cudaDev 0 - Init COMPLETE",
+            b"number of nan iterations: 0 | loss scale: 1.0",
+        ]
+        * 50
+    )
+    assert _scan(data) == []
+
+
+def test_looks_binary(tmp_path: Path) -> None:
+    text = tmp_path / "a.log"
+    text.write_bytes(XID + b"\n")
+    binary = tmp_path / "b.bin"
+    binary.write_bytes(bytes(range(256)) * 40)
+    assert not looks_binary(text)
+    assert looks_binary(binary)
