@@ -6,6 +6,8 @@ from trainmedic.lab.lab import (
     LabError,
     LabNode,
     LabStatus,
+    find_free_port_base,
+    port_free,
     require_binaries,
 )
 from trainmedic.lab.layout import DEFAULT_PORT_BASE, LabLayout, LabSpec
@@ -19,5 +21,7 @@ __all__ = [
     "LabNode",
     "LabSpec",
     "LabStatus",
+    "find_free_port_base",
+    "port_free",
     "require_binaries",
 ]

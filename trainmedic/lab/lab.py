@@ -155,6 +155,28 @@ def require_binaries() -> dict[str, str]:
     return found
 
 
+def port_free(port: int) -> bool:
+    """True if nothing listens on `port` (Slurm binds with SO_REUSEADDR, so TIME_WAIT is fine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def find_free_port_base(span: int, low: int = 20000, high: int = 32000) -> int:
+    """A base with `span` free ports from it, at random below the ephemeral range (tests)."""
+    for _ in range(200):
+        base = secrets.randbelow(high - low - span) + low
+        if all(port_free(port) for port in range(base, base + span)):
+            return base
+    raise LabError(f"no {span} consecutive free ports found between {low} and {high}")
+
+
 def parse_scontrol_records(text: str) -> list[dict[str, str]]:
     """Records of `scontrol -o show ...`: one a line, Key=Value pairs, values may hold spaces."""
     records = []
@@ -403,20 +425,11 @@ class Lab:
 
     def _check_ports(self, spec: LabSpec) -> None:
         for port in spec.ports:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                # Slurm binds with SO_REUSEADDR too: a port in TIME_WAIT is fine, a
-                # listener is not.
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    probe.bind(("0.0.0.0", port))
-                except OSError as error:
-                    if error.errno != errno.EADDRINUSE:
-                        raise
-                    raise LabError(
-                        f"port {port} is in use by another program; the lab needs ports"
-                        f" {spec.port_base}-{max(spec.ports)}. Pick another base with"
-                        " --port-base"
-                    ) from None
+            if not port_free(port):
+                raise LabError(
+                    f"port {port} is in use by another program; the lab needs ports"
+                    f" {spec.port_base}-{max(spec.ports)}. Pick another base with --port-base"
+                )
 
     def _prepare(self, spec: LabSpec) -> None:
         layout = self.layout
@@ -504,6 +517,10 @@ class Lab:
             "munged",
             [
                 munged,
+                # munged wants every directory above its socket searchable by all; a lab
+                # under /root or pytest's 0700 temp dirs is not. Only root talks to this
+                # munged, so --force (which turns that check into a logged warning) is safe.
+                "--force",
                 f"--socket={layout.munge_socket}",
                 f"--key-file={layout.munge_key}",
                 f"--pid-file={layout.munged_pid()}",
@@ -571,14 +588,21 @@ class Lab:
         log.info("resuming node %s", name)
         self.run_client(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
 
-    def _wait(self, condition: Callable[[], bool], what: str, log_file: Path) -> None:
-        deadline = time.monotonic() + self.start_timeout
+    def _wait(
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        log_file: Path,
+        timeout: float | None = None,
+    ) -> None:
+        limit = self.start_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         while True:
             if condition():
                 return
             if time.monotonic() >= deadline:
                 raise LabError(
-                    f"timed out after {self.start_timeout:.0f} s waiting for {what};"
+                    f"timed out after {limit:.0f} s waiting for {what};"
                     f" last lines of {log_file}:\n{_tail(log_file)}"
                 )
             time.sleep(0.25)
@@ -647,6 +671,38 @@ class Lab:
             killed.extend(_kill_if_unchanged(victims))
             procs.wait_gone(list(victims), 5.0)
         return killed
+
+    def reset(self, timeout: float | None = None) -> LabStatus:
+        """Back to a clean, running lab: no jobs, every node's slurmd running, every node IDLE.
+
+        Between tests: cancels all jobs, revives killed nodes, resumes drained or DOWN ones.
+        """
+        binaries = require_binaries()
+        spec = self.spec
+        if spec is None or self._slurmctld_pid() is None:
+            raise LabError("the lab is not running; start it with `trainmedic lab up`")
+        with self._locked():
+            self._cancel_all()
+            for name in spec.node_names:
+                if self._slurmd_pid(name) is None:
+                    self._start_slurmd(binaries["slurmd"], name)
+            for node in self.status().nodes:
+                if node.is_down or node.is_drained:
+                    self._resume(node.name)
+            self._wait_nodes_ready(spec.node_names)
+
+            def idle() -> bool:
+                status = self.status()
+                for node in status.nodes:
+                    if node.state_flags != {"IDLE"} or node.jobs:
+                        # Drained or DOWN again (e.g. by a late ping): resume again.
+                        if node.is_drained or (node.is_down and node.slurmd_pid):
+                            self._resume(node.name)
+                        return False
+                return True
+
+            self._wait(idle, "every node to be IDLE", self.layout.slurmctld_log(), timeout)
+            return self.status()
 
     # ---------------------------------------------------------- node faults
 
