@@ -59,6 +59,7 @@ class Settings(BaseSettings):
 
     slurm_access: Literal["local", "ssh"] = "local"
     slurm_bin_dir: Path | None = Field(None, description="Directory of sbatch/scontrol/...")
+    slurm_conf: Path | None = Field(None, description="SLURM_CONF for the Slurm commands.")
     slurm_command_timeout: Duration = timedelta(seconds=30)
     ssh_host: str | None = None
     ssh_user: str | None = None

@@ -1,0 +1,145 @@
+"""Helpers for integration tests that drive the recovery loop against the Slurm lab."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+from temporalio.client import Client
+
+from trainmedic.activities.control import ensure_control
+from trainmedic.config import Policy, parse_policy
+from trainmedic.domain import Evidence, EvidenceSource
+from trainmedic.domain.hostlist import expand
+from trainmedic.domain.incident import IncidentInput, IncidentResult, IncidentSignal
+from trainmedic.lab import Lab
+from trainmedic.lab.lab import parse_scontrol_records
+from trainmedic.workflows.recovery import RecoveryWorkflow
+
+T = TypeVar("T")
+TASK_QUEUE = "trainmedic-it"
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 90.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.3)
+
+
+async def async_wait_for(probe: Callable[[], T | None], what: str, timeout: float = 90.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(probe)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(0.3)
+
+
+def job(lab: Lab, job_id: str) -> dict[str, str]:
+    return parse_scontrol_records(lab.run_client(["scontrol", "-o", "show", "job", job_id]).stdout)[
+        0
+    ]
+
+
+def node(lab: Lab, name: str) -> dict[str, str]:
+    out = lab.run_client(["scontrol", "-o", "show", "node", name]).stdout
+    return parse_scontrol_records(out)[0]
+
+
+def running_on(lab: Lab, job_id: str) -> list[str] | None:
+    info = job(lab, job_id)
+    if info["JobState"] != "RUNNING":
+        return None
+    return expand(info["NodeList"])
+
+
+def submit(lab: Lab, nodes: int = 2, *extra: str) -> str:
+    jobs = lab.layout.jobs
+    jobs.mkdir(parents=True, exist_ok=True)
+    script = jobs / f"train-{uuid.uuid4().hex[:6]}.sh"
+    script.write_text("#!/bin/bash\nsrun sleep 600\n")
+    out = lab.run_client(
+        [
+            "sbatch",
+            "--parsable",
+            "-N",
+            str(nodes),
+            "-D",
+            str(jobs),
+            "-o",
+            f"{jobs}/%j.out",
+            *extra,
+            str(script),
+        ]
+    ).stdout
+    return out.strip().split(";")[0]
+
+
+def submit_running(lab: Lab, nodes: int = 2, *extra: str) -> tuple[str, list[str]]:
+    job_id = submit(lab, nodes, *extra)
+    placed = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+    return job_id, placed
+
+
+def xid79(node_name: str) -> IncidentSignal:
+    """What the node agent would report: the kernel's Xid 79 line on that node."""
+    return IncidentSignal(
+        source="nvml",
+        kind="xid",
+        nodes=[node_name],
+        detail="Xid 79 on GPU 3",
+        evidence=[
+            Evidence(
+                source=EvidenceSource.KERNEL,
+                node=node_name,
+                gpu=3,
+                text=(
+                    "NVRM: Xid (PCI:0000:3b:00): 79, pid=20211, name=python, "
+                    "GPU has fallen off the bus."
+                ),
+            )
+        ],
+    )
+
+
+def unique_cluster(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:6]}"
+
+
+async def start_control(client: Client, cluster: str, policy_yaml: str) -> Policy:
+    policy = parse_policy(policy_yaml)
+    await ensure_control(client, cluster, policy, TASK_QUEUE)
+    return policy
+
+
+async def start_incident(
+    client: Client,
+    cluster: str,
+    job_id: str | None,
+    signal: IncidentSignal,
+    suffix: str = "1",
+) -> str:
+    incident_id = f"incident-{cluster}-{job_id or signal.nodes[0]}-{suffix}"
+    await client.start_workflow(
+        RecoveryWorkflow.run,
+        IncidentInput(cluster=cluster, job_id=job_id, nodes=signal.nodes, signal=signal),
+        id=incident_id,
+        task_queue=TASK_QUEUE,
+    )
+    return incident_id
+
+
+async def result_of(client: Client, incident_id: str, timeout: float = 180) -> IncidentResult:
+    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, incident_id)
+    return await asyncio.wait_for(handle.result(), timeout)

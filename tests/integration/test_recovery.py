@@ -1,0 +1,90 @@
+"""RecoveryWorkflow against the real dev server and the real Slurm lab."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from tests.integration.support import (
+    job,
+    node,
+    result_of,
+    running_on,
+    start_control,
+    start_incident,
+    submit_running,
+    unique_cluster,
+    xid79,
+)
+from trainmedic.domain import Action, Category, Outcome
+from trainmedic.domain.incident import EffectStatus
+from trainmedic.audit import decode_payload
+from trainmedic.lab import Lab
+
+pytestmark = pytest.mark.integration
+
+AUTO = "version: it-auto\nmode: {default: auto}\nverify: {timeout: 90s, poll_interval: 1s}\n"
+MONITOR = "version: it-monitor\nmode: {default: monitor}\n"
+
+
+async def test_auto_xid79_drains_culprit_and_requeues_elsewhere(
+    clean_lab: Lab, temporal_client: Client, controller: Worker
+) -> None:
+    cluster = unique_cluster("auto")
+    await start_control(temporal_client, cluster, AUTO)
+    job_id, placed = submit_running(clean_lab, 2)
+    culprit = placed[0]
+
+    incident = await start_incident(temporal_client, cluster, job_id, xid79(culprit))
+    result = await result_of(temporal_client, incident)
+
+    assert result.outcome is Outcome.RECOVERED, result.summary
+    assert result.diagnosis is not None
+    assert result.diagnosis.category is Category.GPU_HARDWARE
+    assert result.diagnosis.action is Action.DRAIN_AND_RESTART
+    assert result.diagnosis.culprit_nodes == [culprit]
+    drained = node(clean_lab, culprit)
+    assert "DRAIN" in drained["State"]
+    assert incident in drained["Reason"]
+    now_on = running_on(clean_lab, job_id)
+    assert now_on and culprit not in now_on and len(now_on) == 2
+    assert int(job(clean_lab, job_id)["Restarts"]) == 1
+    assert culprit in job(clean_lab, job_id)["ExcNodeList"]
+    assert [e.status for e in result.effects] == [EffectStatus.APPLIED, EffectStatus.APPLIED]
+    assert result.effects[0].results[0].command[:2] == ["scontrol", "update"]
+
+
+async def test_monitor_changes_nothing_and_records_advice(
+    clean_lab: Lab, temporal_client: Client, controller: Worker
+) -> None:
+    cluster = unique_cluster("mon")
+    await start_control(temporal_client, cluster, MONITOR)
+    job_id, placed = submit_running(clean_lab, 2)
+    culprit = placed[1]
+
+    incident = await start_incident(temporal_client, cluster, job_id, xid79(culprit))
+    result = await result_of(temporal_client, incident)
+
+    assert result.outcome is Outcome.RECOMMENDED
+    assert {e.status for e in result.effects} == {EffectStatus.WOULD_APPLY}
+    assert [e.id for e in result.effects] == [f"drain-{culprit}", f"requeue-{job_id}"]
+    assert "DRAIN" not in node(clean_lab, culprit)["State"]
+    assert running_on(clean_lab, job_id) == placed
+    assert int(job(clean_lab, job_id)["Restarts"]) == 0
+    # The advice is in the history, not only in the result.
+    history = await temporal_client.get_workflow_handle(incident).fetch_history()
+    memos = [
+        decode_payload(
+            event.workflow_properties_modified_event_attributes.upserted_memo.fields[key]
+        )
+        for event in history.events
+        if event.HasField("workflow_properties_modified_event_attributes")
+        for key in event.workflow_properties_modified_event_attributes.upserted_memo.fields
+        if key == "effects"
+    ]
+    assert memos, "no effect record in the history"
+    assert [(e["id"], e["status"]) for e in memos[-1]] == [
+        (f"drain-{culprit}", "would_apply"),
+        (f"requeue-{job_id}", "would_apply"),
+    ]

@@ -1,0 +1,70 @@
+"""Activities that talk to the cluster's ControlWorkflow (mode, policy, safety rails).
+
+Workflows cannot query or update another workflow, so these do it through the client
+the worker hands in (house style: never build a client inside an activity).
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from trainmedic.config import Policy
+from trainmedic.domain.activity_io import ControlRef, ReserveIsolation, ReserveRestart
+from trainmedic.domain.control import ControlInput, ControlState, IsolationGrant, RestartGrant
+from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+
+
+async def ensure_control(client: Client, cluster: str, policy: Policy, task_queue: str) -> None:
+    """Start the cluster's ControlWorkflow unless it runs already (then keep it as it is)."""
+    await client.start_workflow(
+        ControlWorkflow.run,
+        ControlInput(cluster=cluster, policy=policy),
+        id=control_workflow_id(cluster),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+
+
+class ControlActivities:
+    def __init__(self, client: Client, policy: Policy, task_queue: str) -> None:
+        self._client = client
+        self._policy = policy
+        self._task_queue = task_queue
+
+    @activity.defn(name="control_snapshot")
+    async def control_snapshot(self, ref: ControlRef) -> ControlState:
+        handle = self._client.get_workflow_handle_for(
+            ControlWorkflow.run, control_workflow_id(ref.cluster)
+        )
+        try:
+            return await handle.query(ControlWorkflow.current)
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise
+        # First incident on a cluster whose control workflow was never started.
+        await ensure_control(self._client, ref.cluster, self._policy, self._task_queue)
+        return await handle.query(ControlWorkflow.current)
+
+    @activity.defn(name="reserve_isolation")
+    async def reserve_isolation(self, request: ReserveIsolation) -> IsolationGrant:
+        handle = self._client.get_workflow_handle_for(
+            ControlWorkflow.run, control_workflow_id(request.cluster)
+        )
+        try:
+            return await handle.execute_update(ControlWorkflow.reserve_isolation, request.request)
+        except WorkflowUpdateFailedError as error:
+            raise ApplicationError(f"isolation reservation refused: {error.cause}") from error
+
+    @activity.defn(name="reserve_restart")
+    async def reserve_restart(self, request: ReserveRestart) -> RestartGrant:
+        handle = self._client.get_workflow_handle_for(
+            ControlWorkflow.run, control_workflow_id(request.cluster)
+        )
+        try:
+            return await handle.execute_update(ControlWorkflow.reserve_restart, request.request)
+        except WorkflowUpdateFailedError as error:
+            raise ApplicationError(f"restart reservation refused: {error.cause}") from error

@@ -1,0 +1,92 @@
+"""The cluster's control state: mode, policy, and the ledgers behind the safety rails."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from trainmedic.config import Policy
+from trainmedic.domain.enums import Mode
+
+
+class ModeChange(BaseModel):
+    mode: Mode
+    by: str
+    reason: str
+    at: datetime
+    policy_version: str | None = None
+
+
+class Isolation(BaseModel):
+    node: str
+    partition: str
+    incident_id: str
+    at: datetime
+
+
+class RestartRecord(BaseModel):
+    job_id: str
+    cause: str  # category + culprits: "the same failure"
+    progress: str | None  # the progress marker when restarted
+    incident_id: str
+    at: datetime
+
+
+class ControlState(BaseModel):
+    cluster: str
+    mode: Mode
+    policy: Policy
+    breaker_tripped_at: datetime | None = None
+    breaker_reason: str | None = None
+    changes: list[ModeChange] = Field(default_factory=list)
+    isolations: list[Isolation] = Field(default_factory=list)
+    drains: list[Isolation] = Field(default_factory=list)
+    restarts: list[RestartRecord] = Field(default_factory=list)
+
+
+class ControlInput(BaseModel):
+    cluster: str
+    policy: Policy = Policy()
+    state: ControlState | None = None  # carried across continue-as-new
+
+
+class SetModeRequest(BaseModel):
+    mode: Mode
+    by: str
+    reason: str = ""
+
+
+class SetPolicyRequest(BaseModel):
+    policy: Policy
+    by: str
+    reason: str = ""
+
+
+class IsolationRequest(BaseModel):
+    incident_id: str
+    node: str
+    partition: str
+    partition_size: int
+
+
+class IsolationGrant(BaseModel):
+    granted: bool
+    reason: str
+    breaker_tripped: bool = False
+    isolated_in_window: int = 0
+    budget: int = 0
+
+
+class RestartRequest(BaseModel):
+    incident_id: str
+    job_id: str
+    cause: str
+    progress: str | None = None
+
+
+class RestartGrant(BaseModel):
+    granted: bool
+    reason: str
+    restarts_without_progress: int = 0
+    budget: int = 0

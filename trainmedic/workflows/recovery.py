@@ -1,0 +1,598 @@
+"""RecoveryWorkflow: one failure, from detection to a recorded outcome.
+
+detect -> attribute -> plan -> (gate -> isolate/act) per effect -> verify.
+
+Deterministic orchestration only: every look at Slurm and every change to it is an
+activity, and each effect passes its gate (mode), its safety rail (ControlWorkflow)
+and a fresh read of the world (inside the activity) before anything happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from trainmedic.config import Policy
+    from trainmedic.domain.activity_io import (
+        ApplyEffectRequest,
+        ConsistencyReport,
+        ConsistencyRequest,
+        ControlRef,
+        EffectOutcome,
+        Gathered,
+        GatherRequest,
+        ReserveIsolation,
+        ReserveRestart,
+        VerifyRequest,
+        VerifyResult,
+    )
+    from trainmedic.domain.control import (
+        ControlState,
+        IsolationGrant,
+        IsolationRequest,
+        RestartGrant,
+        RestartRequest,
+    )
+    from trainmedic.domain.diagnosis import AttributionRequest, Diagnosis, SlurmObservation
+    from trainmedic.domain.enums import Action, Mode, Outcome, Stage
+    from trainmedic.domain.incident import (
+        Decision,
+        DecisionPayload,
+        EffectKind,
+        EffectStatus,
+        IncidentInput,
+        IncidentResult,
+        IncidentSignal,
+        IncidentStatus,
+        PlannedEffect,
+    )
+    from trainmedic.temporal.search_attributes import (
+        TM_ACTION,
+        TM_CATEGORY,
+        TM_CLUSTER,
+        TM_JOB,
+        TM_MODE,
+        TM_NODES,
+        TM_OUTCOME,
+        TM_STAGE,
+    )
+    from trainmedic.workflows.planning import cause_key, plan_effects
+
+READ_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+)
+# Effects retry less: each attempt re-reads the world first, so a retry after a lost
+# reply is safe, but an effect that keeps failing should reach a person soon.
+EFFECT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+)
+DECIDED = {
+    EffectStatus.APPROVED,
+    EffectStatus.REJECTED,
+    EffectStatus.ABANDONED,
+}
+FINAL = {
+    EffectStatus.WOULD_APPLY,
+    EffectStatus.REJECTED,
+    EffectStatus.APPLIED,
+    EffectStatus.ALREADY_TRUE,
+    EffectStatus.SKIPPED,
+    EffectStatus.BLOCKED,
+    EffectStatus.FAILED,
+    EffectStatus.ABANDONED,
+}
+
+
+def incident_workflow_id(cluster: str, subject: str, n: int) -> str:
+    """DESIGN.md: incident-<cluster>-<job or node>-<n>."""
+    return f"incident-{cluster}-{subject}-{n}"
+
+
+@workflow.defn(name="RecoveryWorkflow")
+class RecoveryWorkflow:
+    @workflow.init
+    def __init__(self, request: IncidentInput) -> None:
+        self.request = request
+        self.stage = Stage.DETECT
+        self.mode = request.mode or Mode.MONITOR
+        self.details = "gathering evidence"
+        self.signals: list[IncidentSignal] = [request.signal] if request.signal else []
+        self.diagnosis: Diagnosis | None = None
+        self.effects: list[PlannedEffect] = []
+        self.decisions: list[Decision] = []
+        self.ignored: list[str] = []
+        self.outcome: Outcome | None = None
+        self.policy: Policy | None = None
+
+    # -- operator messages ----------------------------------------------------------
+
+    @workflow.signal
+    def approve(self, payload: DecisionPayload) -> None:
+        self._take_signal(payload, approve=True)
+
+    @workflow.signal
+    def reject(self, payload: DecisionPayload) -> None:
+        self._take_signal(payload, approve=False)
+
+    @workflow.update
+    def decide(self, payload: DecisionPayload) -> IncidentStatus:
+        self._apply_decision(payload, payload.decision == "approve", via="update")
+        return self.status()
+
+    @decide.validator
+    def _validate_decide(self, payload: DecisionPayload) -> None:
+        if payload.decision is None:
+            raise ValueError("say 'decision': 'approve' or 'reject'")
+        problem = self._decision_problem(payload)
+        if problem:
+            raise ValueError(problem)
+
+    @workflow.signal
+    def report(self, signal: IncidentSignal) -> None:
+        """More evidence about this failure (a watcher's signal-with-start lands here)."""
+        self.signals.append(signal)
+
+    @workflow.query
+    def status(self) -> IncidentStatus:
+        return IncidentStatus(
+            incident_id=workflow.info().workflow_id,
+            cluster=self.request.cluster,
+            job_id=self.request.job_id,
+            stage=self.stage,
+            mode=self.mode,
+            details=self.details,
+            diagnosis=self.diagnosis,
+            effects=self.effects,
+            decisions=self.decisions,
+            ignored=self.ignored,
+            signals=self.signals,
+            outcome=self.outcome,
+            policy_version=self.policy.version if self.policy else None,
+        )
+
+    def _decision_problem(self, payload: DecisionPayload) -> str | None:
+        if self.outcome is not None:
+            return f"the incident is finished ({self.outcome.value}); nothing to decide"
+        if self.stage not in (Stage.PLAN, Stage.GATE, Stage.ISOLATE, Stage.ACT):
+            return f"nothing to decide yet: the incident is at stage {self.stage.value}"
+        if not payload.by.strip():
+            return "say who decides ('by')"
+        approvable = [e for e in self.effects if e.mode is Mode.APPROVE]
+        if payload.action == "all":
+            if not any(
+                e.status in (EffectStatus.PLANNED, EffectStatus.AWAITING_APPROVAL)
+                for e in approvable
+            ):
+                return "every effect of this incident is already decided"
+            return None
+        effect = next((e for e in self.effects if e.id == payload.action), None)
+        if effect is None:
+            known = ", ".join(e.id for e in approvable) or "none"
+            return f"unknown action {payload.action!r}; awaiting approval: {known}"
+        if effect.mode is not Mode.APPROVE:
+            return f"{effect.id} runs in {effect.mode.value} mode and needs no approval"
+        if effect.status not in (EffectStatus.PLANNED, EffectStatus.AWAITING_APPROVAL):
+            return f"{effect.id} is already decided ({effect.status.value})"
+        return None
+
+    def _take_signal(self, payload: DecisionPayload, approve: bool) -> None:
+        problem = self._decision_problem(payload)
+        if problem:
+            # Signals cannot be refused to the sender; the refusal is recorded instead.
+            verb = "approve" if approve else "reject"
+            self.ignored.append(f"{verb} {payload.action!r} by {payload.by or '?'}: {problem}")
+            workflow.logger.warning("ignored decision: %s", self.ignored[-1])
+            return
+        self._apply_decision(payload, approve, via="signal")
+
+    def _apply_decision(self, payload: DecisionPayload, approve: bool, via: str) -> None:
+        status = EffectStatus.APPROVED if approve else EffectStatus.REJECTED
+        touched: list[str] = []
+        for effect in self.effects:
+            if effect.mode is not Mode.APPROVE:
+                continue
+            if payload.action not in ("all", effect.id):
+                continue
+            if effect.status in (EffectStatus.PLANNED, EffectStatus.AWAITING_APPROVAL):
+                effect.status = status
+                touched.append(effect.id)
+        self.decisions.append(
+            Decision(
+                action=payload.action,
+                approve=approve,
+                by=payload.by,
+                comment=payload.comment,
+                via="update" if via == "update" else "signal",
+                at=workflow.now(),
+                effect_ids=touched,
+            )
+        )
+
+    # -- the run --------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, request: IncidentInput) -> IncidentResult:
+        workflow.upsert_search_attributes(
+            [
+                TM_CLUSTER.value_set(request.cluster),
+                TM_JOB.value_set(request.job_id or ""),
+                TM_NODES.value_set(sorted(request.nodes)),
+            ]
+        )
+        try:
+            return await self._recover(request)
+        except asyncio.CancelledError:
+            return await self._cancelled(request)
+
+    async def _recover(self, request: IncidentInput) -> IncidentResult:
+        control = await workflow.execute_activity(
+            "control_snapshot",
+            ControlRef(cluster=request.cluster),
+            result_type=ControlState,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=READ_RETRY,
+        )
+        self.policy = control.policy
+        self.mode = self._incident_mode(control.mode, request.mode)
+        self._set_stage(Stage.DETECT, f"gathering evidence ({self.mode.value} mode)")
+
+        gathered = await workflow.execute_activity(
+            "gather_evidence",
+            GatherRequest(
+                incident_id=workflow.info().workflow_id,
+                job_id=request.job_id,
+                nodes=sorted({*request.nodes, *(n for s in self.signals for n in s.nodes)}),
+            ),
+            result_type=Gathered,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=READ_RETRY,
+        )
+
+        self._set_stage(Stage.ATTRIBUTE, "attributing the failure")
+        self.diagnosis = await workflow.execute_activity(
+            "attribute",
+            self._attribution_request(request, gathered),
+            result_type=Diagnosis,
+            start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=READ_RETRY,
+        )
+        diagnosis = self.diagnosis
+        self._record("diagnosis", diagnosis.model_dump(mode="json"))
+        workflow.upsert_search_attributes(
+            [
+                TM_CATEGORY.value_set(diagnosis.category.value),
+                TM_ACTION.value_set(diagnosis.action.value),
+                TM_NODES.value_set(sorted({*request.nodes, *diagnosis.culprit_nodes})),
+            ]
+        )
+
+        self._set_stage(Stage.PLAN, f"planning: {diagnosis.headline()}")
+        nodes = {node.name: node for node in gathered.nodes}
+        self.effects = plan_effects(
+            workflow.info().workflow_id,
+            diagnosis,
+            gathered.job,
+            nodes,
+            control.policy,
+            self.mode,
+        )
+        self._record_effects()
+        if diagnosis.action in (Action.WAIT, Action.ESCALATE) or not self.effects:
+            return self._finish_without_effects(gathered)
+
+        blocked = False
+        for effect in self.effects:
+            if blocked:
+                effect.status = EffectStatus.SKIPPED
+                effect.note = effect.note or "not attempted: an earlier effect was blocked"
+                continue
+            try:
+                if not await self._gate(effect):
+                    continue
+                if not await self._rail(effect, request.cluster, gathered, diagnosis):
+                    blocked = True
+                    continue
+                await self._apply(effect)
+            finally:
+                self._record_effects()
+
+        return await self._conclude(request, diagnosis)
+
+    def _incident_mode(self, cluster_mode: Mode, forced: Mode | None) -> Mode:
+        order = [Mode.MONITOR, Mode.APPROVE, Mode.AUTO]
+        if forced is not None and order.index(forced) < order.index(cluster_mode):
+            return forced
+        return cluster_mode
+
+    def _attribution_request(
+        self, request: IncidentInput, gathered: Gathered
+    ) -> AttributionRequest:
+        job = gathered.job
+        reported = sorted({n for s in self.signals for n in s.nodes} | set(request.nodes))
+        nodelist = list(job.nodes) if job and job.nodes else reported
+        observation = job.observation(gathered.nodes) if job else None
+        if observation is None and gathered.nodes:
+            observation = SlurmObservation(
+                node_states={n.name: n.state_text for n in gathered.nodes},
+                node_reasons={n.name: n.reason for n in gathered.nodes if n.reason},
+            )
+        return AttributionRequest(
+            job_id=request.job_id,
+            nodelist=nodelist,
+            tasks_per_node=job.tasks_per_node if job else None,
+            log_paths=gathered.log_paths,
+            evidence=[e for s in self.signals for e in s.evidence],
+            slurm=observation,
+        )
+
+    async def _gate(self, effect: PlannedEffect) -> bool:
+        """True when the effect may go ahead; records why not otherwise."""
+        assert_policy = self.policy or Policy()
+        self._set_stage(Stage.GATE, f"gating: {effect.describe()}")
+        if effect.mode is Mode.MONITOR:
+            effect.status = EffectStatus.WOULD_APPLY
+            effect.note = "monitor mode: recorded, not done"
+            return False
+        if effect.mode is Mode.AUTO or effect.status is EffectStatus.APPROVED:
+            return effect.status in (EffectStatus.PLANNED, EffectStatus.APPROVED)
+        if effect.status is EffectStatus.REJECTED:
+            return False
+        effect.status = EffectStatus.AWAITING_APPROVAL
+        why = self.diagnosis.headline() if self.diagnosis else ""
+        self.details = f"waiting for approval to {effect.describe()}: {why}"
+        workflow.set_current_details(
+            f"{self.details}\n\nApprove or reject with a signal `approve` / `reject` and "
+            f'payload {{"action": "{effect.id}", "by": "<you>", "comment": "<why>"}} '
+            f'(or "action": "all"); timeout {assert_policy.approval.timeout}, '
+            f"then {assert_policy.approval.fallback}."
+        )
+        try:
+            await workflow.wait_condition(
+                lambda: effect.status is not EffectStatus.AWAITING_APPROVAL,
+                timeout=assert_policy.approval.timeout,
+            )
+        except TimeoutError:
+            fallback = assert_policy.approval.fallback
+            self.decisions.append(
+                Decision(
+                    action=effect.id,
+                    approve=fallback == "proceed",
+                    by="trainmedic:timeout",
+                    comment=f"no decision within {assert_policy.approval.timeout}: {fallback}",
+                    via="timeout",
+                    at=workflow.now(),
+                    effect_ids=[effect.id],
+                )
+            )
+            if fallback == "proceed":
+                effect.status = EffectStatus.APPROVED
+            else:
+                effect.status = EffectStatus.ABANDONED
+                effect.note = f"no decision within {assert_policy.approval.timeout} ({fallback})"
+        return effect.status is EffectStatus.APPROVED
+
+    async def _rail(
+        self, effect: PlannedEffect, cluster: str, gathered: Gathered, diagnosis: Diagnosis
+    ) -> bool:
+        """Reserve budget with the ControlWorkflow right before the effect."""
+        incident_id = workflow.info().workflow_id
+        grant: IsolationGrant | RestartGrant
+        if effect.kind is EffectKind.DRAIN_NODE and effect.node:
+            partition = effect.partition or "default"
+            grant = await workflow.execute_activity(
+                "reserve_isolation",
+                ReserveIsolation(
+                    cluster=cluster,
+                    request=IsolationRequest(
+                        incident_id=incident_id,
+                        node=effect.node,
+                        partition=partition,
+                        partition_size=gathered.partition_sizes.get(partition, 0),
+                    ),
+                ),
+                result_type=IsolationGrant,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=READ_RETRY,
+            )
+        elif (
+            effect.kind in (EffectKind.REQUEUE_JOB, EffectKind.REQUEUE_EXCLUDING) and effect.job_id
+        ):
+            grant = await workflow.execute_activity(
+                "reserve_restart",
+                ReserveRestart(
+                    cluster=cluster,
+                    request=RestartRequest(
+                        incident_id=incident_id,
+                        job_id=effect.job_id,
+                        cause=cause_key(diagnosis),
+                        progress=self._progress(),
+                    ),
+                ),
+                result_type=RestartGrant,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=READ_RETRY,
+            )
+        else:
+            return True
+        if grant.granted:
+            return True
+        effect.status = EffectStatus.BLOCKED
+        effect.note = grant.reason
+        workflow.logger.warning("%s blocked by a safety rail: %s", effect.id, grant.reason)
+        return False
+
+    def _progress(self) -> str | None:
+        markers = [s.progress for s in self.signals if s.progress]
+        return markers[-1] if markers else None
+
+    async def _apply(self, effect: PlannedEffect) -> None:
+        stage = Stage.ISOLATE if effect.kind is EffectKind.DRAIN_NODE else Stage.ACT
+        self._set_stage(stage, f"applying: {effect.describe()}")
+        try:
+            outcome = await workflow.execute_activity(
+                "apply_effect",
+                ApplyEffectRequest(incident_id=workflow.info().workflow_id, effect=effect),
+                result_type=EffectOutcome,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=EFFECT_RETRY,
+            )
+        except ActivityError as error:
+            effect.status = EffectStatus.FAILED
+            cause = error.cause
+            effect.note = str(cause.message if isinstance(cause, ApplicationError) else error)
+            return
+        effect.status = outcome.status
+        effect.note = outcome.note
+        effect.results = outcome.results
+        effect.applied_at = workflow.now()
+
+    async def _conclude(self, request: IncidentInput, diagnosis: Diagnosis) -> IncidentResult:
+        statuses = {e.status for e in self.effects}
+        job_effects = [e for e in self.effects if e.job_id]
+        if statuses <= {EffectStatus.WOULD_APPLY}:
+            would = "; ".join(e.describe() for e in self.effects)
+            return self._finish(Outcome.RECOMMENDED, f"monitor mode: would {would}")
+        if EffectStatus.BLOCKED in statuses:
+            reasons = "; ".join(e.note for e in self.effects if e.status is EffectStatus.BLOCKED)
+            return self._finish(Outcome.ESCALATED, f"a safety rail stopped recovery: {reasons}")
+        if EffectStatus.FAILED in statuses:
+            failed = "; ".join(
+                f"{e.describe()}: {e.note}" for e in self.effects if e.status is EffectStatus.FAILED
+            )
+            return self._finish(Outcome.ESCALATED, f"an effect failed: {failed}")
+        if any(e.status is EffectStatus.ABANDONED for e in self.effects):
+            outcome = (
+                Outcome.ABANDONED
+                if self.policy and self.policy.approval.fallback == "abandon"
+                else Outcome.ESCALATED
+            )
+            return self._finish(outcome, "no decision in time; nothing more was done")
+        if any(e.status is EffectStatus.REJECTED for e in job_effects) or (
+            not job_effects and EffectStatus.REJECTED in statuses
+        ):
+            return self._finish(Outcome.REJECTED, "rejected by an operator; left as it is")
+
+        done = [
+            e for e in job_effects if e.status in (EffectStatus.APPLIED, EffectStatus.ALREADY_TRUE)
+        ]
+        if any(e.kind is EffectKind.CANCEL_JOB for e in done):
+            return self._finish(Outcome.STOPPED, f"job stopped: {diagnosis.headline()}")
+        requeued = [
+            e for e in done if e.kind in (EffectKind.REQUEUE_JOB, EffectKind.REQUEUE_EXCLUDING)
+        ]
+        if requeued and requeued[0].job_id:
+            return await self._verify(requeued[0].job_id, diagnosis)
+        if job_effects:
+            skipped = "; ".join(f"{e.describe()}: {e.note}" for e in job_effects)
+            return self._finish(Outcome.ESCALATED, f"the job was not acted on: {skipped}")
+        return self._finish(Outcome.ESCALATED, "culprits isolated; no job to restart")
+
+    async def _verify(self, job_id: str, diagnosis: Diagnosis) -> IncidentResult:
+        policy = self.policy or Policy()
+        self._set_stage(Stage.VERIFY, f"waiting for job {job_id} to run again")
+        result = await workflow.execute_activity(
+            "verify_job",
+            VerifyRequest(
+                incident_id=workflow.info().workflow_id,
+                job_id=job_id,
+                avoid_nodes=diagnosis.culprit_nodes,
+                timeout_s=policy.verify.timeout.total_seconds(),
+                poll_s=policy.verify.poll_interval.total_seconds(),
+            ),
+            result_type=VerifyResult,
+            start_to_close_timeout=policy.verify.timeout + timedelta(seconds=60),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=READ_RETRY,
+        )
+        if result.running:
+            return self._finish(
+                Outcome.RECOVERED,
+                f"job {job_id} runs again on {','.join(result.nodes)}",
+                job_nodes_after=result.nodes,
+            )
+        return self._finish(
+            Outcome.ESCALATED,
+            f"job {job_id} did not run again within {policy.verify.timeout}: {result.detail}",
+            job_nodes_after=result.nodes,
+        )
+
+    def _finish_without_effects(self, gathered: Gathered) -> IncidentResult:
+        diagnosis = self.diagnosis
+        assert_diag = diagnosis.headline() if diagnosis else "no diagnosis"
+        problems = f" ({'; '.join(gathered.problems)})" if gathered.problems else ""
+        if diagnosis and diagnosis.action is Action.WAIT:
+            return self._finish(
+                Outcome.WAITING_ON_SCHEDULER, f"the scheduler handles it: {assert_diag}"
+            )
+        return self._finish(Outcome.ESCALATED, f"needs a person: {assert_diag}{problems}")
+
+    def _finish(
+        self, outcome: Outcome, summary: str, job_nodes_after: list[str] | None = None
+    ) -> IncidentResult:
+        self.outcome = outcome
+        self._record("outcome", {"outcome": outcome.value, "summary": summary})
+        self._set_stage(Stage.DONE, f"{outcome.value}: {summary}")
+        workflow.upsert_search_attributes([TM_OUTCOME.value_set(outcome.value)])
+        return IncidentResult(
+            incident_id=workflow.info().workflow_id,
+            outcome=outcome,
+            summary=summary,
+            diagnosis=self.diagnosis,
+            effects=self.effects,
+            decisions=self.decisions,
+            job_nodes_after=job_nodes_after or [],
+        )
+
+    async def _cancelled(self, request: IncidentInput) -> IncidentResult:
+        """Cancellation: finish no effect half-way, and say what Slurm looks like now."""
+        for effect in self.effects:
+            if effect.status not in FINAL:
+                effect.status = EffectStatus.SKIPPED
+                effect.note = "incident cancelled before this effect"
+        report = await workflow.execute_activity(
+            "check_consistency",
+            ConsistencyRequest(
+                incident_id=workflow.info().workflow_id,
+                job_id=request.job_id,
+                nodes=sorted({*request.nodes, *(e.node for e in self.effects if e.node)}),
+            ),
+            result_type=ConsistencyReport,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=READ_RETRY,
+        )
+        applied = [e.describe() for e in self.effects if e.status is EffectStatus.APPLIED]
+        done = "; ".join(applied) if applied else "no effect was applied"
+        return self._finish(Outcome.CANCELLED, f"cancelled: {done}. Slurm now: {report.summary}")
+
+    def _record(self, key: str, value: object) -> None:
+        # The memo puts each step's record in the history as its own event
+        # (WorkflowPropertiesModified): the audit trail needs no result to exist yet,
+        # and monitor mode's would-be effects are visible there.
+        workflow.upsert_memo({key: value})
+
+    def _record_effects(self) -> None:
+        self._record("effects", [effect.model_dump(mode="json") for effect in self.effects])
+        if self.decisions:
+            self._record(
+                "decisions", [decision.model_dump(mode="json") for decision in self.decisions]
+            )
+
+    def _set_stage(self, stage: Stage, details: str) -> None:
+        self.stage = stage
+        self.details = details
+        workflow.set_current_details(details)
+        workflow.upsert_search_attributes(
+            [TM_STAGE.value_set(stage.value), TM_MODE.value_set(self.mode.value)]
+        )
