@@ -22,7 +22,12 @@ pytestmark = pytest.mark.integration
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 90.0) -> T:
+def wait_for(
+    probe: Callable[[], T | None],
+    what: str,
+    timeout: float = 90.0,
+    explain: Callable[[], str] | None = None,
+) -> T:
     """Poll until probe returns something truthy; fail naming what never happened."""
     deadline = time.monotonic() + timeout
     while True:
@@ -30,8 +35,18 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 90.0) ->
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+            context = f"\n{explain()}" if explain else ""
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}{context}")
         time.sleep(0.5)
+
+
+def explain_job(lab: Lab, job: str) -> Callable[[], str]:
+    def explain() -> str:
+        show = lab.run_client(["scontrol", "-o", "show", "job", job], check=False).stdout
+        nodes = lab.run_client(["sinfo", "-N", "-o", "%N %T %E"], check=False).stdout
+        return f"{show}\n{nodes}"
+
+    return explain
 
 
 def job_field(lab: Lab, job: str, key: str) -> str:
@@ -135,7 +150,11 @@ def test_requeue_after_drain_moves_the_job_off_the_drained_node(clean_lab: Lab) 
     # A requeued job waits for its old credentials to expire; start it now.
     wait_for(lambda: job_field(clean_lab, job, "JobState") == "PENDING", f"{job} pending")
     clean_lab.run_client(["scontrol", "update", f"jobid={job}", "StartTime=now"])
-    second = wait_for(lambda: running_nodes(clean_lab, job), f"job {job} to run again")
+    second = wait_for(
+        lambda: running_nodes(clean_lab, job),
+        f"job {job} to run again",
+        explain=explain_job(clean_lab, job),
+    )
     assert drained not in second
     assert len(second) == 2
     assert clean_lab.status().node(drained).is_drained
