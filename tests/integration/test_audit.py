@@ -1,0 +1,209 @@
+"""Audit export and the incidents CLI against the real dev server and the Slurm lab.
+
+One approve-mode incident: the CLI's wrong decisions are refused with the workflow's
+own message, an approval arrives the way the Temporal UI sends it (the `approve` signal,
+a JSON payload, no identity), and the export shows who approved, the exact Slurm argv
+and its result, the evidence and the outcome; a mode change shows on the control side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import typer
+from temporalio.api.common.v1 import Payloads, WorkflowExecution
+from temporalio.api.workflowservice.v1 import SignalWorkflowExecutionRequest
+from temporalio.client import Client
+from temporalio.worker import Worker
+from typer.testing import CliRunner
+
+from tests.integration.support import (
+    node,
+    result_of,
+    start_control,
+    start_incident,
+    submit_running,
+    unique_cluster,
+    xid79,
+)
+from trainmedic.audit import AuditRecord, export
+from trainmedic.cli import audit as audit_cli
+from trainmedic.cli import incidents as incidents_cli
+from trainmedic.domain import Outcome
+from trainmedic.domain.incident import EffectStatus, IncidentStatus
+from trainmedic.lab import Lab
+from trainmedic.temporal.devserver import DevServer
+from trainmedic.workflows.control import control_workflow_id
+from trainmedic.workflows.recovery import RecoveryWorkflow
+
+pytestmark = pytest.mark.integration
+
+APPROVE = (
+    "version: it-approve\nmode: {default: approve}\n"
+    "approval: {timeout: 10m, fallback: escalate}\n"
+    "verify: {timeout: 90s, poll_interval: 1s}\n"
+)
+UI_PAYLOAD = {"action": "all", "by": "alice@ui", "comment": "Xid 79, drain it"}
+
+
+async def cli(app: typer.Typer, args: list[str]) -> tuple[int, str, str]:
+    """Run a typer app in a thread (it calls asyncio.run itself)."""
+    result = await asyncio.to_thread(CliRunner().invoke, app, args)
+    return result.exit_code, result.stdout, result.stderr
+
+
+async def signal_like_the_ui(client: Client, workflow_id: str, name: str, payload: dict) -> None:
+    """What the UI's "Send a Signal" does: one JSON payload, and no identity at all."""
+    encoded = client.data_converter.payload_converter.to_payloads([payload])
+    await client.workflow_service.signal_workflow_execution(
+        SignalWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=workflow_id),
+            signal_name=name,
+            input=Payloads(payloads=encoded),
+            identity="",
+        )
+    )
+
+
+async def collect(records: AsyncIterator[AuditRecord]) -> list[AuditRecord]:
+    return [record async for record in records]
+
+
+async def test_approved_incident_is_fully_audited(
+    clean_lab: Lab,
+    temporal_client: Client,
+    temporal_server: DevServer,
+    controller: Worker,
+    tmp_path: Path,
+) -> None:
+    address = ["--address", temporal_server.address]
+    cluster = unique_cluster("aud")
+    await start_control(temporal_client, cluster, APPROVE)
+    job_id, placed = submit_running(clean_lab, 2)
+    culprit = placed[0]
+    incident = await start_incident(temporal_client, cluster, job_id, xid79(culprit))
+    handle = temporal_client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
+
+    async def waiting() -> IncidentStatus | None:
+        status = await handle.query(RecoveryWorkflow.status)
+        awaiting = [e for e in status.effects if e.status is EffectStatus.AWAITING_APPROVAL]
+        return status if awaiting else None
+
+    deadline = asyncio.get_running_loop().time() + 90
+    while (status := await waiting()) is None:
+        assert asyncio.get_running_loop().time() < deadline, "no effect awaiting approval"
+        await asyncio.sleep(0.3)
+    assert status.effects[0].id == f"drain-{culprit}"
+
+    # Wrong decisions through the CLI are refused by the workflow's validator.
+    code, _, err = await cli(
+        incidents_cli.app, ["approve", incident, "--action", "nope", "--by", "bob", *address]
+    )
+    assert code == 2
+    assert "unknown action 'nope'" in err and f"drain-{culprit}" in err
+    code, _, err = await cli(incidents_cli.app, ["reject", incident, "--by", "  ", *address])
+    assert code == 2
+    assert "say who decides" in err
+    code, out, _ = await cli(incidents_cli.app, ["show", incident, *address])
+    assert code == 0
+    assert "awaiting_approval" in out and f"drain-{culprit}" in out
+
+    await signal_like_the_ui(temporal_client, incident, "approve", UI_PAYLOAD)
+    result = await result_of(temporal_client, incident)
+    assert result.outcome is Outcome.RECOVERED, result.summary
+    assert "DRAIN" in node(clean_lab, culprit)["State"]
+
+    # A decision after the end is refused too, with the workflow's reason.
+    code, _, err = await cli(incidents_cli.app, ["approve", incident, "--by", "bob", *address])
+    assert code == 2
+    assert "finished" in err and "recovered" in err
+
+    code, out, _ = await cli(
+        incidents_cli.app,
+        ["mode", cluster, "monitor", "--by", "carol", "--reason", "maintenance", *address],
+    )
+    assert code == 0, out
+    assert "mode monitor" in out
+
+    records = await collect(export(temporal_client, incident=incident))
+    kinds = [r.kind for r in records]
+    assert kinds[0] == "incident_started"
+    assert kinds[-1] == "outcome"
+
+    decision = next(r for r in records if r.kind == "decision")
+    assert decision.who == "alice@ui"
+    assert decision.identity is None
+    assert decision.unverified_identity is True
+    assert decision.via == "signal" and decision.approve is True
+    assert decision.comment == UI_PAYLOAD["comment"]
+    assert decision.stage == "gate"
+    assert decision.effect_id and f"drain-{culprit}" in decision.effect_id
+
+    diagnosis = next(r for r in records if r.kind == "diagnosis")
+    assert diagnosis.category == "gpu_hardware"
+    assert diagnosis.culprit_nodes == [culprit]
+    assert any("fallen off the bus" in line for line in diagnosis.evidence)
+    assert diagnosis.rule_ids and diagnosis.catalog_version
+
+    drain = next(
+        r for r in records if r.kind == "effect_applied" and r.effect_id == f"drain-{culprit}"
+    )
+    assert drain.status == "applied"
+    assert drain.commands[0][:3] == ["scontrol", "update", f"NodeName={culprit}"]
+    assert "State=DRAIN" in drain.commands[0]
+    assert drain.results[0].changed is True
+    assert drain.results[0].after and "DRAIN" in drain.results[0].after
+    assert drain.policy_version == "it-approve"
+    assert drain.stage == "isolate"
+
+    requeue = next(
+        r for r in records if r.kind == "effect_applied" and r.effect_id == f"requeue-{job_id}"
+    )
+    assert any(c[:2] == ["scontrol", "requeuehold"] for c in requeue.commands)
+    assert {r.kind for r in records} >= {"effect_planned", "reservation"}
+
+    outcome = records[-1]
+    assert outcome.status == "recovered"
+    assert job_id in outcome.detail
+
+    # The control side: the CLI's mode change, with the update's identity.
+    control = await collect(export(temporal_client, incident=control_workflow_id(cluster)))
+    change = [r for r in control if r.kind == "mode_change" and r.who == "carol"]
+    assert len(change) == 1
+    assert change[0].detail == "mode monitor: maintenance"
+    assert change[0].identity and change[0].unverified_identity is False
+    assert change[0].mode == "monitor"
+    reservations = [r for r in control if r.kind == "reservation"]
+    assert {r.incident for r in reservations} == {incident}
+
+    # The CLI writes the same records as JSON Lines.
+    target = tmp_path / "audit.jsonl"
+    code, _, err = await cli(
+        audit_cli.app, ["export", "--incident", incident, "--output", str(target), *address]
+    )
+    assert code == 0, err
+    lines = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [line["kind"] for line in lines] == kinds
+    assert f"exported {len(lines)} records from 1 workflows" in err
+
+
+async def test_export_errors_are_clean(temporal_server: DevServer) -> None:
+    code, _, err = await cli(
+        audit_cli.app, ["export", "--since", "yesterday", "--address", temporal_server.address]
+    )
+    assert code == 2
+    assert "--since 'yesterday'" in err
+    code, _, err = await cli(
+        audit_cli.app,
+        ["export", "--incident", "incident-nowhere-1-1", "--address", temporal_server.address],
+    )
+    assert code == 2
+    assert "no workflow 'incident-nowhere-1-1'" in err
+    code, _, err = await cli(incidents_cli.app, ["show", "nope", "--address", "127.0.0.1:1"])
+    assert code == 2
+    assert "cannot reach Temporal at 127.0.0.1:1" in err
