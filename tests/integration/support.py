@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -142,4 +144,26 @@ async def start_incident(
 
 async def result_of(client: Client, incident_id: str, timeout: float = 180) -> IncidentResult:
     handle = client.get_workflow_handle_for(RecoveryWorkflow.run, incident_id)
-    return await asyncio.wait_for(handle.result(), timeout)
+    result = await asyncio.wait_for(handle.result(), timeout)
+    await record_history(client, incident_id)
+    return result
+
+
+async def record_history(client: Client, workflow_id: str) -> None:
+    """With TRAINMEDIC_RECORD_HISTORIES=DIR, keep histories for the replay tests.
+
+    Files are named by the test's cluster prefix (auto, mon, appr, ...), so a rerun
+    refreshes the same set: tests/replay/histories/README.md says how.
+    """
+    target = os.environ.get("TRAINMEDIC_RECORD_HISTORIES")
+    if not target:
+        return
+    cluster = workflow_id.split("-")[1]
+    name = cluster[:-6]  # unique_cluster adds six hex digits
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    folder = Path(target)
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = workflow_id.rsplit("-", 1)[1]
+    (folder / f"recovery-{name}-{suffix}.json").write_text(history.to_json())
+    control = await client.get_workflow_handle(f"control-{cluster}").fetch_history()
+    (folder / f"control-{name}.json").write_text(control.to_json())

@@ -17,9 +17,9 @@ from tests.integration.support import (
     unique_cluster,
     xid79,
 )
+from trainmedic.audit import decode_payload
 from trainmedic.domain import Action, Category, Outcome
 from trainmedic.domain.incident import EffectStatus
-from trainmedic.audit import decode_payload
 from trainmedic.lab import Lab
 
 pytestmark = pytest.mark.integration

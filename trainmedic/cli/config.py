@@ -24,7 +24,9 @@ def check(
     path = policy_file or config.policy_file
     policy = load_policy(path)
     where = str(path) if path else "built-in defaults"
-    console.print(f"[green]ok[/]: policy {policy.version!r} from {where}; cluster {config.cluster!r}")
+    console.print(
+        f"[green]ok[/]: policy {policy.version!r} from {where}; cluster {config.cluster!r}"
+    )
 
 
 @app.command()

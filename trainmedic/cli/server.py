@@ -11,8 +11,10 @@ app = typer.Typer(help="The embedded Temporal dev server (SQLite under the state
 
 
 def _show(status: DevServerStatus) -> None:
-    state = "[green]serving[/]" if status.serving else (
-        "[yellow]starting[/]" if status.running else "[red]stopped[/]"
+    state = (
+        "[green]serving[/]"
+        if status.serving
+        else ("[yellow]starting[/]" if status.running else "[red]stopped[/]")
     )
     console.print(f"Temporal dev server: {state}" + (f" (pid {status.pid})" if status.pid else ""))
     console.print(f"  address  {status.address}")

@@ -25,7 +25,9 @@ def validate_node_name(name: str) -> str:
 
 
 def _split_top_level(expr: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in expr:
         if char == "[":
             depth += 1
@@ -84,7 +86,7 @@ def _expand_one(part: str, limit: int) -> list[str]:
 
 
 def compress(names: list[str]) -> str:
-    """The inverse of expand for simple 'prefix + number' names: ['gpu01','gpu02'] -> 'gpu[01-02]'."""
+    """The inverse of expand for 'prefix + number' names: ['gpu01','gpu02'] -> 'gpu[01-02]'."""
     groups: dict[tuple[str, int], list[int]] = {}
     order: list[tuple[str, int] | str] = []
     for name in names:
@@ -98,11 +100,12 @@ def compress(names: list[str]) -> str:
             order.append(key)
         groups[key].append(int(match.group(2)))
     parts: list[str] = []
-    for key in order:
-        if isinstance(key, str):
-            parts.append(key)
+    for entry in order:
+        if isinstance(entry, str):
+            parts.append(entry)
             continue
-        prefix, width = key
+        prefix, width = entry
+        key = entry
         numbers = sorted(set(groups[key]))
         if len(numbers) == 1:
             parts.append(f"{prefix}{numbers[0]:0{width}d}")

@@ -67,10 +67,10 @@ async def missing_search_attributes(client: Client) -> list[str]:
     response = await client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace=client.namespace)
     )
-    present = {name: _TYPE_NAMES.get(kind, str(kind)) for name, kind in response.custom_attributes.items()}
-    return [
-        f"{name} ({kind})" for name, kind in REQUIRED.items() if present.get(name) != kind
-    ]
+    present = {
+        name: _TYPE_NAMES.get(kind, str(kind)) for name, kind in response.custom_attributes.items()
+    }
+    return [f"{name} ({kind})" for name, kind in REQUIRED.items() if present.get(name) != kind]
 
 
 async def require_search_attributes(client: Client) -> None:

@@ -151,7 +151,7 @@ class DevServer:
         argv = self.argv()
         log = self.log_file.open("ab")
         # argv list, no shell; a new session keeps terminal signals away from it.
-        process = subprocess.Popen(  # noqa: S603
+        process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -172,7 +172,8 @@ class DevServer:
         while time.monotonic() < deadline:
             if not procs.is_alive(pid):
                 raise ServiceError(
-                    f"the Temporal dev server exited at start-up; last log lines:\n{self.log_tail()}"
+                    "the Temporal dev server exited at start-up; last log lines:\n"
+                    + self.log_tail()
                 )
             if procs.port_in_use(HOST, self.port) and self._healthy():
                 return

@@ -105,7 +105,6 @@ async def run_worker(
 ) -> None:
     """Check the namespace, sync the policy, and serve until `stop` is set."""
     await require_search_attributes(client)
-    await sync_policy(client, settings, policy)
     worker = build_worker(client, settings, policy)
     logger.info(
         "controller worker for cluster %s on task queue %s",
@@ -113,4 +112,6 @@ async def run_worker(
         settings.temporal_task_queue,
     )
     async with worker:
+        # After the worker runs: the query and update below need a worker to answer.
+        await sync_policy(client, settings, policy)
         await (stop or asyncio.Event()).wait()

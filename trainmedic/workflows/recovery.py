@@ -114,6 +114,7 @@ class RecoveryWorkflow:
         self.ignored: list[str] = []
         self.outcome: Outcome | None = None
         self.policy: Policy | None = None
+        self.breaker: str | None = None  # why the cluster's breaker is open, if it is
 
     # -- operator messages ----------------------------------------------------------
 
@@ -244,6 +245,7 @@ class RecoveryWorkflow:
             retry_policy=READ_RETRY,
         )
         self.policy = control.policy
+        self.breaker = control.breaker_reason if control.breaker_tripped_at else None
         self.mode = self._incident_mode(control.mode, request.mode)
         self._set_stage(Stage.DETECT, f"gathering evidence ({self.mode.value} mode)")
 
@@ -463,6 +465,13 @@ class RecoveryWorkflow:
         job_effects = [e for e in self.effects if e.job_id]
         if statuses <= {EffectStatus.WOULD_APPLY}:
             would = "; ".join(e.describe() for e in self.effects)
+            if self.breaker:
+                # The cluster fell back to monitor because a rail tripped: this failure
+                # still needs handling, by a person.
+                return self._finish(
+                    Outcome.ESCALATED,
+                    f"breaker open ({self.breaker}); a person must decide. Advice: {would}",
+                )
             return self._finish(Outcome.RECOMMENDED, f"monitor mode: would {would}")
         if EffectStatus.BLOCKED in statuses:
             reasons = "; ".join(e.note for e in self.effects if e.status is EffectStatus.BLOCKED)
