@@ -29,6 +29,33 @@ class _Compiled:
     ignore_case: bool
 
 
+def trie_regex(words: list[str]) -> bytes:
+    """One bytes regex matching any of `words`, factored as a trie.
+
+    re tries alternatives one by one at every position; sharing prefixes makes a
+    ~200-literal prefilter an order of magnitude faster than a flat alternation.
+    A word that contains a shorter word is dropped: the shorter one already fires.
+    """
+    kept: list[bytes] = []
+    for word in sorted({w.encode() for w in words}, key=len):
+        if not any(k in word for k in kept):
+            kept.append(word)
+    root: dict[int, dict] = {}  # type: ignore[type-arg]
+    for word in kept:
+        node = root
+        for byte in word:
+            node = node.setdefault(byte, {})
+        node[-1] = {}
+
+    def emit(node: dict) -> bytes:  # type: ignore[type-arg]
+        if -1 in node:
+            return b""  # a whole word ends here; longer ones were dropped above
+        alts = [re.escape(bytes([k])) + emit(v) for k, v in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else b"(?:" + b"|".join(alts) + b")"
+
+    return emit(root) if root else b"(?!)"
+
+
 class Matcher:
     """Compiled view of a Catalog. Thread-safe after construction (read-only)."""
 
@@ -51,14 +78,12 @@ class Matcher:
         if self._xid_rules:
             cs_triggers.add("Xid")
         self.triggers = sorted(cs_triggers | ci_triggers)
-        # Longest first so the alternation prefers specific literals; one compiled regex.
-        parts = [re.escape(t.encode()) for t in sorted(cs_triggers, key=len, reverse=True)]
-        if ci_triggers:
-            ci = b"|".join(
-                re.escape(t.encode()) for t in sorted(ci_triggers, key=len, reverse=True)
-            )
-            parts.append(b"(?i:" + ci + b")")
-        self.prefilter = re.compile(b"|".join(parts))
+        # Case-insensitive triggers become their usual spellings so the prefilter stays
+        # one case-sensitive pattern (an inline (?i:) group defeats re's optimisations).
+        literals = set(cs_triggers)
+        for trigger in ci_triggers:
+            literals.update({trigger, trigger.upper(), trigger.capitalize()})
+        self.prefilter = re.compile(trie_regex(sorted(literals)))
 
     def match(self, line: str) -> list[LineMatch]:
         """Every rule matching this line (already decoded, without newline)."""
