@@ -57,8 +57,8 @@ def benign(rng: random.Random, i: int) -> str:
         )
     if kind < 9:
         return (
-            f"gpu0{i % 8}:{4000 + i % 64}:{4100 + i % 64} [{i % 8}] NCCL INFO Channel {i % 32:02d}/0 "
-            f": {i % 64}[{i % 8}] -> {(i + 1) % 64}[{(i + 1) % 8}] via P2P/CUMEM/read"
+            f"gpu0{i % 8}:{4000 + i % 64}:{4100 + i % 64} [{i % 8}] NCCL INFO "
+            f"Channel {i % 32:02d}/0 : {i % 64}[{i % 8}] -> {(i + 1) % 64}[{(i + 1) % 8}] via P2P/CUMEM/read"
         )
     return f"validation error rate: 0.{i % 1000:03d} | eval loss {1 + rng.random():.4f}"
 
@@ -104,7 +104,8 @@ scanner = Scanner(Matcher(load_catalog()))
 t = time.perf_counter()
 hits = sum(1 for _ in scanner.scan_path({path!r}))
 dt = time.perf_counter() - t
-print(json.dumps({{"s": dt, "hits": hits, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"s": dt, "hits": hits, "rss_mb": rss}}))
 """
 
 

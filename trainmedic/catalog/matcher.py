@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from trainmedic.catalog.loader import XID_REGEX, Catalog
 from trainmedic.catalog.model import Rule
@@ -40,14 +41,14 @@ def trie_regex(words: list[str]) -> bytes:
     for word in sorted({w.encode() for w in words}, key=len):
         if not any(k in word for k in kept):
             kept.append(word)
-    root: dict[int, dict] = {}  # type: ignore[type-arg]
+    root: dict[int, Any] = {}
     for word in kept:
         node = root
         for byte in word:
             node = node.setdefault(byte, {})
         node[-1] = {}
 
-    def emit(node: dict) -> bytes:  # type: ignore[type-arg]
+    def emit(node: dict[int, Any]) -> bytes:
         if -1 in node:
             return b""  # a whole word ends here; longer ones were dropped above
         alts = [re.escape(bytes([k])) + emit(v) for k, v in sorted(node.items())]
