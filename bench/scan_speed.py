@@ -58,7 +58,8 @@ def benign(rng: random.Random, i: int) -> str:
     if kind < 9:
         return (
             f"gpu0{i % 8}:{4000 + i % 64}:{4100 + i % 64} [{i % 8}] NCCL INFO "
-            f"Channel {i % 32:02d}/0 : {i % 64}[{i % 8}] -> {(i + 1) % 64}[{(i + 1) % 8}] via P2P/CUMEM/read"
+            f"Channel {i % 32:02d}/0 : {i % 64}[{i % 8}] -> "
+            f"{(i + 1) % 64}[{(i + 1) % 8}] via P2P/CUMEM/read"
         )
     return f"validation error rate: 0.{i % 1000:03d} | eval loss {1 + rng.random():.4f}"
 
