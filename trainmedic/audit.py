@@ -44,7 +44,9 @@ KINDS = (
     "reservation",
     "effect_applied",
     "effect_status",
+    "verification",
     "cancel_requested",
+    "consistency",
     "outcome",
     "mode_change",
     "policy_change",
@@ -298,6 +300,30 @@ class _Walker:
                 results=results,
                 detail=result.get("note") or effect.get("reason") or "",
             )
+        elif name == "verify_job":
+            nudged = _results(result.get("nudged"))
+            running = bool(result.get("running"))
+            nodes = ",".join(result.get("nodes") or [])
+            self.record(
+                event,
+                "verification",
+                status="running" if running else str(result.get("state") or "not running"),
+                commands=[r.command for r in nudged if r.command],
+                results=nudged,
+                detail=(
+                    f"job {request.get('job_id')} {result.get('state', '')}"
+                    f"{' on ' + nodes if nodes else ''}: {result.get('detail', '')}"
+                ).rstrip(": "),
+            )
+        elif name == "check_consistency":
+            checked = _results(result.get("results"))
+            self.record(
+                event,
+                "consistency",
+                commands=[r.command for r in checked if r.command],
+                results=checked,
+                detail=result.get("summary", ""),
+            )
         elif name in ("reserve_isolation", "reserve_restart"):
             inner = _dict(request.get("request"))
             what = (
@@ -482,6 +508,7 @@ class _Walker:
                 self.record(
                     event,
                     "outcome",
+                    stage="done",
                     status=outcome.get("outcome"),
                     detail=outcome.get("summary", ""),
                 )
@@ -585,7 +612,11 @@ class _Walker:
             return
         self.has_outcome = True
         self.record(
-            event, "outcome", status=result.get("outcome"), detail=result.get("summary", "")
+            event,
+            "outcome",
+            stage="done",
+            status=result.get("outcome"),
+            detail=result.get("summary", ""),
         )
 
     def on_workflow_execution_failed_event_attributes(self, event: HistoryEvent, a: Any) -> None:
@@ -612,7 +643,7 @@ class _Walker:
         if self.has_outcome:
             return
         self.has_outcome = True
-        self.record(event, "outcome", status=status, detail=detail, **fields)
+        self.record(event, "outcome", stage="done", status=status, detail=detail, **fields)
 
     def settle_signals(self) -> None:
         """A decision signal the workflow refused (it cannot answer a signal) is one

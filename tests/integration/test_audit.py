@@ -167,8 +167,10 @@ async def test_approved_incident_is_fully_audited(
     assert any(c[:2] == ["scontrol", "requeuehold"] for c in requeue.commands)
     assert {r.kind for r in records} >= {"effect_planned", "reservation"}
 
+    verification = next(r for r in records if r.kind == "verification")
+    assert verification.status == "running"
     outcome = records[-1]
-    assert outcome.status == "recovered"
+    assert outcome.status == "recovered" and outcome.stage == "done"
     assert job_id in outcome.detail
 
     # The control side: the CLI's mode change, with the update's identity.
