@@ -15,11 +15,12 @@ from tests.integration.support import (
     start_incident,
     submit_running,
     unique_cluster,
+    wait_for,
     xid79,
 )
 from trainmedic.audit import decode_payload
 from trainmedic.domain import Action, Category, Outcome
-from trainmedic.domain.incident import EffectStatus
+from trainmedic.domain.incident import EffectStatus, IncidentSignal
 from trainmedic.lab import Lab
 
 pytestmark = pytest.mark.integration
@@ -88,3 +89,29 @@ async def test_monitor_changes_nothing_and_records_advice(
         (f"drain-{culprit}", "would_apply"),
         (f"requeue-{job_id}", "would_apply"),
     ]
+
+
+async def test_auto_node_death_under_a_two_node_job(
+    clean_lab: Lab, temporal_client: Client, controller: Worker
+) -> None:
+    cluster = unique_cluster("death")
+    await start_control(temporal_client, cluster, AUTO)
+    job_id, placed = submit_running(clean_lab, 2)
+    dead = placed[1]
+
+    clean_lab.kill_node(dead)  # slurmd, its step daemons and the job's processes
+    # What the Slurm watcher reports once slurmctld gives up on the node.
+    wait_for(lambda: "DOWN" in node(clean_lab, dead)["State"], f"{dead} DOWN", timeout=120)
+    signal = IncidentSignal(source="slurm", kind="node_down", job_id=job_id, nodes=[dead])
+    incident = await start_incident(temporal_client, cluster, job_id, signal)
+    result = await result_of(temporal_client, incident)
+
+    assert result.outcome is Outcome.RECOVERED, result.summary
+    assert result.diagnosis is not None
+    assert result.diagnosis.category is Category.NODE_DOWN
+    assert result.diagnosis.culprit_nodes == [dead]
+    state = node(clean_lab, dead)
+    assert "DRAIN" in state["State"] and incident in state["Reason"]
+    now_on = running_on(clean_lab, job_id)
+    assert now_on and dead not in now_on and len(now_on) == 2
+    assert dead in job(clean_lab, job_id)["ExcNodeList"]
