@@ -204,6 +204,23 @@ def test_scontrol_node_records_strip_reason_stamp() -> None:
     assert nodes["gpu01"].partitions == ["gpu"] and nodes["gpu01"].cpus == 4
 
 
+@pytest.mark.parametrize(
+    ("shown", "state", "held"),
+    [
+        ("REQUEUED", "PENDING", False),
+        ("REQUEUE_HOLD", "PENDING", True),
+        ("CONFIGURING", "RUNNING", False),
+        ("COMPLETING", "COMPLETING", False),
+    ],
+)
+def test_scontrol_job_flag_shown_as_state(shown: str, state: str, held: bool) -> None:
+    # right after `scontrol requeue` 22.05 prints JobState=REQUEUED, not PENDING
+    line = job_line("5").replace("JobState=RUNNING", f"JobState={shown}")
+    job = job_from_scontrol(parse_scontrol_records(line)[0])
+    assert (job.state, job.state_flags, job.is_held) == (state, [shown], held)
+    assert not job.is_finished
+
+
 def test_scontrol_not_responding_marker() -> None:
     (record,) = parse_scontrol_records("NodeName=n1 State=DOWN*+DRAIN Reason=gone [slurm@now]\n")
     node = node_from_scontrol(record)

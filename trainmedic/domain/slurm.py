@@ -132,7 +132,9 @@ class SlurmJob(BaseModel):
     def is_held(self) -> bool:
         # A held job has priority 0; the reason says by whom (user/admin/requeue-hold).
         return self.is_pending and (
-            self.state_reason in HELD_REASONS or "REQUEUE_HOLD" in self.state_flags
+            self.state_reason in HELD_REASONS
+            or "REQUEUE_HOLD" in self.state_flags
+            or "SPECIAL_EXIT" in self.state_flags
         )
 
     def observation(self, nodes: list[SlurmNode] | None = None) -> SlurmObservation:

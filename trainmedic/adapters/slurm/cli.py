@@ -7,12 +7,14 @@ The exact argv of each command is returned in `EffectResult.command` for the aud
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Sequence
 
 from trainmedic.adapters.slurm.errors import (
     JobNotRequeueable,
+    JobStateConflict,
     NoSuchJob,
     NoSuchNode,
     SlurmError,
@@ -67,9 +69,19 @@ def _validate_text(what: str, text: str, *, allow_empty: bool = False) -> str:
 class SlurmCli:
     """The command-line `SlurmBackend`. `timeout` bounds each command, in seconds."""
 
-    def __init__(self, runner: CommandRunner, *, timeout: float = 45.0) -> None:
+    def __init__(
+        self,
+        runner: CommandRunner,
+        *,
+        timeout: float = 45.0,
+        settle_timeout: float = 60.0,
+        poll_interval: float = 0.5,
+    ) -> None:
         self._runner = runner
         self._timeout = timeout
+        # how long a composite effect waits for a requeued job to be PENDING again
+        self._settle_timeout = settle_timeout
+        self._poll_interval = poll_interval
         self._version: SlurmVersion | None = None
 
     # ------------------------------------------------------------------ plumbing
@@ -223,7 +235,23 @@ class SlurmCli:
                 f"job {job_id} is not a batch job; Slurm requeues batch jobs only"
             )
         argv = ["scontrol", "requeuehold" if hold else "requeue", job_id]
-        await self._run(argv)
+        try:
+            await self._run(argv)
+        except JobStateConflict as error:
+            # A job requeued a moment ago shows COMPLETING; Slurm then answers "Job is
+            # pending execution": the requeue we want has already happened.
+            if "pending execution" not in str(error) or "no longer" in str(error):
+                raise
+            if hold:
+                await self._wait_until_pending(job_id)
+                return await self.hold(job_id)
+            return EffectResult(
+                command=argv,
+                changed=False,
+                detail=f"job {job_id} already requeued (Slurm: job is pending execution)",
+                before=before,
+                after=await self._after(job_id),
+            )
         return EffectResult(
             command=argv,
             changed=True,
@@ -310,12 +338,27 @@ class SlurmCli:
     async def requeue_excluding(self, job_id: str, nodes: Sequence[str]) -> list[EffectResult]:
         """Requeue held, add exclusions, release, start now: the job cannot start on a
         suspect node between the requeue and the exclusion."""
-        return [
-            await self.requeue(job_id, hold=True),
-            await self.exclude_nodes(job_id, nodes),
-            await self.release(job_id),
-            await self.start_now(job_id),
-        ]
+        results = [await self.requeue(job_id, hold=True)]
+        # Right after a requeue the job shows COMPLETING until its old processes are gone;
+        # Slurm refuses job updates until it is PENDING again.
+        await self._wait_until_pending(job_id)
+        results.append(await self.exclude_nodes(job_id, nodes))
+        results.append(await self.release(job_id))
+        results.append(await self.start_now(job_id))
+        return results
+
+    async def _wait_until_pending(self, job_id: str) -> SlurmJob:
+        deadline = asyncio.get_running_loop().time() + self._settle_timeout
+        while True:
+            job = await self.get_job(job_id)
+            if job.is_pending or job.is_finished:
+                return job
+            if asyncio.get_running_loop().time() > deadline:
+                raise JobStateConflict(
+                    f"job {job_id} still {self._job_state(job)} after "
+                    f"{self._settle_timeout:g}s; expected it pending after the requeue"
+                )
+            await asyncio.sleep(self._poll_interval)
 
     async def cancel(self, job_id: str) -> EffectResult:
         job_id = validate_job_id(job_id)

@@ -109,6 +109,35 @@ def _split_state(states: Iterable[str], base_states: frozenset[str]) -> tuple[st
     return base or "UNKNOWN", flags
 
 
+# scontrol (and squeue) print a job's *flag* instead of its base state while the flag is
+# set: 'JobState=REQUEUED' right after `scontrol requeue`, 'CONFIGURING' while nodes boot.
+# What the job effectively is meanwhile (seen in the lab, and Slurm's job_state_string):
+_JOB_FLAG_BASE = {
+    "REQUEUED": "PENDING",
+    "REQUEUE_HOLD": "PENDING",
+    "REQUEUE_FED": "PENDING",
+    "SPECIAL_EXIT": "PENDING",
+    "RESV_DEL_HOLD": "PENDING",
+    "CONFIGURING": "RUNNING",
+    "POWER_UP_NODE": "RUNNING",
+    "RESIZING": "RUNNING",
+    "SIGNALING": "RUNNING",
+    "STOPPED": "RUNNING",
+    # Ending, final state not known yet: neither running nor finished for trainmedic.
+    "COMPLETING": "COMPLETING",
+    "STAGE_OUT": "COMPLETING",
+}
+
+
+def _split_job_state(states: Iterable[str]) -> tuple[str, list[str]]:
+    base, flags = _split_state(states, JOB_BASE_STATES)
+    if base == "UNKNOWN":
+        for flag in flags:
+            if flag in _JOB_FLAG_BASE:
+                return _JOB_FLAG_BASE[flag], flags
+    return base, flags
+
+
 def _load_json(text: str, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
@@ -208,7 +237,7 @@ def job_from_json(raw: Mapping[str, Any]) -> SlurmJob:
         job_id = str(numeric)
     state_value = raw.get("job_state") or "UNKNOWN"
     states = state_value if isinstance(state_value, list) else [state_value]
-    state, flags = _split_state(states, JOB_BASE_STATES)
+    state, flags = _split_job_state(states)
     job = SlurmJob(
         job_id=job_id,
         numeric_id=numeric,
@@ -407,7 +436,7 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
     array_job = _int_field(record, "ArrayJobId")
     array_task = _int_field(record, "ArrayTaskId")
     job_id = f"{array_job}_{array_task}" if array_job and array_task is not None else str(numeric)
-    state, flags = _split_state([record.get("JobState", "UNKNOWN")], JOB_BASE_STATES)
+    state, flags = _split_job_state([record.get("JobState", "UNKNOWN")])
     tasks_per_node = None
     ntasks = _null(record.get("NtasksPerN:B:S:C"))
     if ntasks:
