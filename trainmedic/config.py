@@ -131,6 +131,13 @@ class RailsPolicy(_Strict):
     restart_window: Duration = timedelta(hours=24)
 
 
+class DetectPolicy(_Strict):
+    # Reports of one failure arrive from several sources within a second or two (log
+    # line, kernel Xid, Slurm state, epilog); waiting this long before attributing lets
+    # them all count, instead of deciding on the first and ignoring the root cause.
+    settle: Duration = timedelta(seconds=2)
+
+
 class VerifyPolicy(_Strict):
     timeout: Duration = timedelta(minutes=10)
     poll_interval: Duration = timedelta(seconds=2)
@@ -139,6 +146,7 @@ class VerifyPolicy(_Strict):
 class Policy(_Strict):
     version: str = "builtin-1"
     mode: ModePolicy = ModePolicy()
+    detect: DetectPolicy = DetectPolicy()
     approval: ApprovalPolicy = ApprovalPolicy()
     rails: RailsPolicy = RailsPolicy()
     verify: VerifyPolicy = VerifyPolicy()

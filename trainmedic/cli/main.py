@@ -10,7 +10,9 @@ from rich.console import Console
 
 from trainmedic import __version__
 from trainmedic.cli import attribute as attribute_cli
+from trainmedic.cli import audit as audit_cli
 from trainmedic.cli import config as config_cli
+from trainmedic.cli import incidents as incidents_cli
 from trainmedic.cli import lab as lab_cli
 from trainmedic.cli import server as server_cli
 from trainmedic.cli import up as up_cli
@@ -26,6 +28,8 @@ app = typer.Typer(
 app.add_typer(server_cli.app, name="server")
 app.add_typer(lab_cli.app, name="lab")
 app.add_typer(config_cli.app, name="config")
+app.add_typer(incidents_cli.app, name="incidents")
+app.add_typer(audit_cli.app, name="audit")
 attribute_cli.register(app)
 up_cli.register(app)
 

@@ -28,6 +28,9 @@ class IncidentSignal(BaseModel):
     detail: str = ""
     evidence: list[Evidence] = Field(default_factory=list)
     progress: str | None = None  # last progress marker seen (e.g. checkpoint step)
+    # Which run of the job failed: Slurm's restart count while it ran. Reports about
+    # one run are one incident; the next failure after a requeue is a new one.
+    run: int | None = None
 
 
 class IncidentInput(BaseModel):

@@ -248,6 +248,8 @@ class RecoveryWorkflow:
         self.breaker = control.breaker_reason if control.breaker_tripped_at else None
         self.mode = self._incident_mode(control.mode, request.mode)
         self._set_stage(Stage.DETECT, f"gathering evidence ({self.mode.value} mode)")
+        if control.policy.detect.settle > timedelta(0):
+            await workflow.sleep(control.policy.detect.settle)
 
         gathered = await workflow.execute_activity(
             "gather_evidence",
