@@ -168,6 +168,7 @@ def update_nvml(lab_root: Path, node: str, gpu: int, fault: Fault, gpus: int = 8
     if fault not in (Fault.XID79, Fault.ECC):
         return
     path = node_dir(lab_root, node) / NVML_STATE
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -316,7 +316,9 @@ class NodeAgent:
     # ---------------------------------------------------------------- kernel
 
     def _relevant(self, matches: list[LineMatch]) -> list[LineMatch]:
-        return [m for m in matches if m.rule.role in (Role.ROOT, Role.CONFIRMATION)]
+        """Roots and confirmations, the strongest rule first (an Xid before its echo)."""
+        kept = [m for m in matches if m.rule.role in (Role.ROOT, Role.CONFIRMATION)]
+        return sorted(kept, key=lambda m: (m.rule.role is not Role.ROOT, -m.rule.precedence))
 
     async def poll_kernel(self) -> list[IncidentSignal]:
         """Read new kernel lines; emit one signal for the batch if a root rule fired."""
