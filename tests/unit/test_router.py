@@ -1,0 +1,188 @@
+"""The incident router's keying, window and storm logic, against a recording fake client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from trainmedic.domain.incident import IncidentInput, IncidentSignal
+from trainmedic.watchers.router import IncidentRouter
+from trainmedic.workflows.quarantine import QuarantineInput
+
+
+@dataclass
+class Call:
+    workflow: Any
+    arg: Any
+    kwargs: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.kwargs["id"])
+
+
+@dataclass
+class FakeClient:
+    """Records start_workflow calls; ids in `closed` behave like finished workflows."""
+
+    calls: list[Call] = field(default_factory=list)
+    closed: set[str] = field(default_factory=set)
+
+    async def start_workflow(self, workflow: Any, arg: Any = None, **kwargs: Any) -> None:
+        if kwargs["id"] in self.closed and (
+            kwargs.get("id_reuse_policy") == WorkflowIDReusePolicy.REJECT_DUPLICATE
+        ):
+            raise WorkflowAlreadyStartedError(kwargs["id"], "RecoveryWorkflow")
+        self.calls.append(Call(workflow, arg, kwargs))
+
+    def ids(self) -> list[str]:
+        return [c.id for c in self.calls]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def router(
+    client: FakeClient, clock: Clock, lookup: dict[str, int] | None = None, **kw: Any
+) -> IncidentRouter:
+    return IncidentRouter(
+        client,
+        "lab",
+        "tq",
+        window=timedelta(seconds=60),
+        clock=clock,
+        wall_clock=lambda: 5.0,
+        run_lookup=(lookup or {}).get,
+        quarantine_task_queue="tq-q",
+        **kw,
+    )
+
+
+def sig(
+    kind: str,
+    job: str | None = None,
+    nodes: tuple[str, ...] = (),
+    run: int | None = None,
+    source: str = "slurm",
+) -> IncidentSignal:
+    return IncidentSignal(source=source, kind=kind, job_id=job, nodes=list(nodes), run=run)
+
+
+async def test_one_failure_reported_three_ways_is_one_incident() -> None:
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock)
+    await r.submit(sig("epilog", "42", ("gpu01",), run=0, source="epilog"))
+    clock.now += 2
+    await r.submit(sig("job_failed", "42", ("gpu01", "gpu02"), run=0))
+    await r.submit(sig("log_match", "42", source="log"))  # no run: the window decides
+    assert client.ids() == ["incident-lab-42-1"] * 3
+    first = client.calls[0]
+    assert first.kwargs["start_signal"] == "report"
+    assert first.kwargs["start_signal_args"][0].source == "epilog"
+    assert first.kwargs["id_reuse_policy"] == WorkflowIDReusePolicy.REJECT_DUPLICATE
+    assert first.kwargs["task_queue"] == "tq"
+    assert isinstance(first.arg, IncidentInput)
+    assert (first.arg.cluster, first.arg.job_id, first.arg.signal) == ("lab", "42", None)
+
+
+async def test_run_comes_from_the_signal_or_the_slurm_view() -> None:
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock, lookup={"7": 3})
+    await r.submit(sig("job_failed", "5", run=2))
+    await r.submit(sig("log_match", "7", source="log"))
+    await r.submit(sig("log_match", "8", source="log"))  # unknown everywhere: first run
+    assert client.ids() == ["incident-lab-5-3", "incident-lab-7-4", "incident-lab-8-1"]
+
+
+async def test_after_the_window_a_new_run_is_a_new_incident() -> None:
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock)
+    await r.submit(sig("job_failed", "42", run=0))
+    clock.now += 30
+    await r.submit(sig("job_node_fail", "42", run=1))  # within the window: same incident
+    clock.now += 61
+    await r.submit(sig("job_failed", "42", run=1))
+    assert client.ids() == ["incident-lab-42-1", "incident-lab-42-1", "incident-lab-42-2"]
+
+
+async def test_late_duplicate_of_a_closed_incident_opens_nothing() -> None:
+    client, clock = FakeClient(closed={"incident-lab-42-1"}), Clock()
+    r = router(client, clock)
+    await r.submit(sig("job_failed", "42", run=0))
+    assert client.calls == []
+    assert r.rejected == ["incident-lab-42-1"]
+
+
+async def test_noted_kinds_open_nothing() -> None:
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock)
+    for kind in ("node_drained_by_admin", "job_requeued", "job_held", "node_not_responding"):
+        await r.submit(sig(kind, "42" if kind.startswith("job") else None, ("gpu01",), run=0))
+    assert client.calls == []
+    assert [s.kind for s in r.noted] == [
+        "node_drained_by_admin",
+        "job_requeued",
+        "job_held",
+        "node_not_responding",
+    ]
+
+
+async def test_node_down_under_two_jobs_gives_two_incidents_and_one_quarantine() -> None:
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock)
+    await r.submit(sig("node_down", "7", ("gpu02",), run=1))
+    await r.submit(sig("node_down", "8", ("gpu02",), run=0))
+    await r.submit(sig("node_down", None, ("gpu02",)))
+    assert client.ids() == ["incident-lab-7-2", "incident-lab-8-1", "node-lab-gpu02"]
+    quarantine = client.calls[2]
+    assert isinstance(quarantine.arg, QuarantineInput)
+    assert quarantine.arg.node == "gpu02"
+    assert quarantine.kwargs["task_queue"] == "tq-q"
+    assert quarantine.kwargs["start_signal"] == "report"
+
+
+async def test_storm_folds_signals_into_one_incident() -> None:
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock, storm_threshold=3)
+    for index in range(3):  # at the threshold: still per job
+        await r.submit(sig("node_down", str(100 + index), (f"gpu{index:02d}",), run=0))
+    assert client.ids() == ["incident-lab-100-1", "incident-lab-101-1", "incident-lab-102-1"]
+    for index in range(3, 40):
+        await r.submit(sig("node_down", str(100 + index), (f"gpu{index:02d}",), run=0))
+        await r.submit(sig("node_down", None, (f"gpu{index:02d}",)))
+    storm_ids = set(client.ids()[3:])
+    assert storm_ids == {"incident-lab-storm-5"}
+    last = client.calls[-1].arg
+    assert last.job_id is None
+    assert len(last.nodes) == 40
+    # A job that already had its incident keeps it.
+    await r.submit(sig("log_match", "100", source="log"))
+    assert client.ids()[-1] == "incident-lab-100-1"
+    # After the window the storm is over and per-job incidents resume.
+    clock.now += 120
+    await r.submit(sig("job_failed", "999", run=0))
+    assert client.ids()[-1] == "incident-lab-999-1"
+    assert r.storm is None
+
+
+async def test_default_storm_threshold_scales_with_the_cluster() -> None:
+    r = router(FakeClient(), Clock(), node_count=lambda: 12_500)
+    assert r.threshold() == 1250
+    assert router(FakeClient(), Clock(), node_count=lambda: 4).threshold() == 3
+
+
+async def test_a_failing_client_does_not_raise_into_the_watcher() -> None:
+    class Broken(FakeClient):
+        async def start_workflow(self, workflow: Any, arg: Any = None, **kwargs: Any) -> None:
+            raise RuntimeError("temporal down")
+
+    await router(Broken(), Clock()).submit(sig("job_failed", "1", run=0))

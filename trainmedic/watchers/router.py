@@ -1,0 +1,263 @@
+"""The incident router: every watcher's `SignalSink`; turns signals into incidents.
+
+One failure is usually reported several times (the Slurm poll, the epilog, the log
+watcher, the node agent). The router maps each signal to an incident key and does a
+signal-with-start on it, so all reports of one failure land in one RecoveryWorkflow:
+
+- job signals -> `incident-<cluster>-<job>-<run+1>` (run: the Slurm restart count of the
+  run that failed, from the signal or else from the latest Slurm view), and any signal
+  about the same job within `window` goes to the incident already opened for it, even
+  when the run numbers differ (a log line read after Slurm's requeue);
+- node-only signals (a node down with no job on it) -> one NodeQuarantineWorkflow per
+  node, `node-<cluster>-<node>`;
+- `node_drained_by_admin`, `job_requeued`, `job_held`, `node_not_responding` are noted
+  (logged, kept in `noted`) and open nothing: an admin's drain is respected, a requeue
+  or hold is the scheduler (or trainmedic) acting, and not responding precedes DOWN;
+- a storm (more than `storm_threshold` distinct nodes failing within `window`) stops
+  per-job incidents: signals go to one `incident-<cluster>-storm-<n>` RecoveryWorkflow
+  (no job, all the nodes) that escalates, instead of hundreds of uncoordinated ones.
+
+Closed incident + late duplicate: REJECT_DUPLICATE makes the start fail; the router
+logs it and opens nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from trainmedic.domain.incident import IncidentInput, IncidentSignal
+from trainmedic.workflows.quarantine import (
+    NodeQuarantineWorkflow,
+    QuarantineInput,
+    quarantine_workflow_id,
+)
+from trainmedic.workflows.recovery import RecoveryWorkflow, incident_workflow_id
+
+logger = logging.getLogger(__name__)
+
+JobRunLookup = Callable[[str], int | None]
+
+NOTED_KINDS = frozenset(
+    {"node_drained_by_admin", "job_requeued", "job_held", "node_not_responding"}
+)
+# Signals that say a node itself failed: they count toward a storm.
+NODE_FAILURE_KINDS = frozenset({"node_down", "node_failed"})
+
+
+class StartsWorkflows(Protocol):
+    """The slice of `temporalio.client.Client` the router uses (a fake in unit tests)."""
+
+    async def start_workflow(self, workflow: Any, arg: Any = ..., **kwargs: Any) -> Any: ...
+
+
+@dataclass(slots=True)
+class _Open:
+    incident_id: str
+    opened_at: float
+
+
+@dataclass(slots=True)
+class _Storm:
+    incident_id: str
+    started_at: float
+    nodes: set[str]
+
+
+class IncidentRouter:
+    def __init__(
+        self,
+        client: StartsWorkflows,
+        cluster: str,
+        task_queue: str,
+        *,
+        window: timedelta = timedelta(seconds=60),
+        storm_threshold: int | None = None,
+        node_count: Callable[[], int] | None = None,
+        run_lookup: JobRunLookup | None = None,
+        quarantine_task_queue: str | None = None,
+        quarantine_cooldown: timedelta = timedelta(minutes=10),
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.task_queue = task_queue
+        self.window = window.total_seconds()
+        self.storm_threshold = storm_threshold
+        self.node_count = node_count
+        self.run_lookup = run_lookup
+        self.quarantine_task_queue = quarantine_task_queue or task_queue
+        self.quarantine_cooldown = quarantine_cooldown
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.open: dict[str, _Open] = {}  # job id -> its incident within the window
+        self.node_failures: dict[str, float] = {}  # node -> last failure seen
+        self.storm: _Storm | None = None
+        self.noted: deque[IncidentSignal] = deque(maxlen=1000)
+        self.started: list[str] = []  # workflow ids this router started or signalled
+        self.rejected: list[str] = []  # closed incidents a late duplicate hit
+
+    # ------------------------------------------------------------------ SignalSink
+
+    async def submit(self, signal: IncidentSignal) -> None:
+        try:
+            await self._route(signal)
+        except Exception:  # a sink never raises into a watcher
+            logger.exception("router: could not route %s for %s", signal.kind, signal.job_id)
+
+    # ------------------------------------------------------------------ routing
+
+    def threshold(self) -> int:
+        if self.storm_threshold is not None:
+            return self.storm_threshold
+        nodes = self.node_count() if self.node_count else 0
+        return max(3, math.ceil(0.1 * nodes))
+
+    def _prune(self, now: float) -> None:
+        horizon = now - self.window
+        for job_id in [j for j, o in self.open.items() if o.opened_at < horizon]:
+            del self.open[job_id]
+        for node in [n for n, at in self.node_failures.items() if at < horizon]:
+            del self.node_failures[node]
+        if self.storm is not None and len(self.node_failures) <= self.threshold():
+            logger.warning(
+                "router: storm %s over (%d nodes failed in the last %.0f s)",
+                self.storm.incident_id,
+                len(self.node_failures),
+                self.window,
+            )
+            self.storm = None
+
+    def _check_storm(self, now: float) -> None:
+        failed = len(self.node_failures)
+        if self.storm is None and failed > self.threshold():
+            storm_id = incident_workflow_id(self.cluster, "storm", int(self.wall_clock()))
+            self.storm = _Storm(storm_id, now, set(self.node_failures))
+            logger.error(
+                "router: STORM - %d nodes failed within %.0f s (threshold %d): %s; one "
+                "incident %s instead of one per job",
+                failed,
+                self.window,
+                self.threshold(),
+                ", ".join(sorted(self.node_failures)[:50]),
+                storm_id,
+            )
+        elif self.storm is not None:
+            self.storm.nodes.update(self.node_failures)
+
+    async def _route(self, signal: IncidentSignal) -> None:
+        now = self.clock()
+        self._prune(now)
+        if signal.kind in NODE_FAILURE_KINDS:
+            for node in signal.nodes:
+                self.node_failures[node] = now
+            self._check_storm(now)
+        if signal.kind in NOTED_KINDS:
+            self.noted.append(signal)
+            logger.info(
+                "router: noted %s (job %s, nodes %s): %s",
+                signal.kind,
+                signal.job_id,
+                ",".join(signal.nodes),
+                signal.detail,
+            )
+            return
+        if signal.job_id:
+            await self._route_job(signal, signal.job_id, now)
+        elif signal.nodes:
+            if self.storm is not None:
+                await self._to_storm(signal)
+                return
+            for node in signal.nodes:
+                await self._to_quarantine(signal, node)
+        else:
+            logger.warning("router: dropped %s signal with neither job nor node", signal.kind)
+
+    async def _route_job(self, signal: IncidentSignal, job_id: str, now: float) -> None:
+        current = self.open.get(job_id)
+        if current is not None:
+            await self._to_incident(signal, current.incident_id, job_id)
+            return
+        if self.storm is not None:
+            await self._to_storm(signal)
+            return
+        run = signal.run
+        if run is None and self.run_lookup is not None:
+            run = self.run_lookup(job_id)
+        incident_id = incident_workflow_id(self.cluster, job_id, (run or 0) + 1)
+        self.open[job_id] = _Open(incident_id, now)
+        await self._to_incident(signal, incident_id, job_id)
+
+    async def _to_incident(self, signal: IncidentSignal, incident_id: str, job_id: str) -> None:
+        await self._signal_with_start(
+            incident_id,
+            # The start signal delivers `signal` (input.signal would record it twice).
+            IncidentInput(cluster=self.cluster, job_id=job_id, nodes=list(signal.nodes)),
+            signal,
+        )
+
+    async def _to_storm(self, signal: IncidentSignal) -> None:
+        storm = self.storm
+        if storm is None:
+            return
+        await self._signal_with_start(
+            storm.incident_id,
+            IncidentInput(cluster=self.cluster, job_id=None, nodes=sorted(storm.nodes)),
+            signal,
+        )
+
+    async def _to_quarantine(self, signal: IncidentSignal, node: str) -> None:
+        workflow_id = quarantine_workflow_id(self.cluster, node)
+        # A finished quarantine may be followed by a new one for the node's next failure.
+        await self.client.start_workflow(
+            NodeQuarantineWorkflow.run,
+            QuarantineInput(cluster=self.cluster, node=node, cooldown=self.quarantine_cooldown),
+            id=workflow_id,
+            task_queue=self.quarantine_task_queue,
+            start_signal="report",
+            start_signal_args=[signal],
+        )
+        self.started.append(workflow_id)
+        logger.info("router: %s %s -> %s", signal.kind, node, workflow_id)
+
+    async def _signal_with_start(
+        self, incident_id: str, request: IncidentInput, signal: IncidentSignal
+    ) -> None:
+        try:
+            await self.client.start_workflow(
+                RecoveryWorkflow.run,
+                request,
+                id=incident_id,
+                task_queue=self.task_queue,
+                start_signal="report",
+                start_signal_args=[signal],
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            self.rejected.append(incident_id)
+            logger.info(
+                "router: %s from %s for %s: incident %s already closed; not reopened",
+                signal.kind,
+                signal.source,
+                signal.job_id or ",".join(signal.nodes),
+                incident_id,
+            )
+            return
+        self.started.append(incident_id)
+        logger.info(
+            "router: %s from %s (job %s) -> %s",
+            signal.kind,
+            signal.source,
+            signal.job_id,
+            incident_id,
+        )
