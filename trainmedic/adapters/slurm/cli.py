@@ -317,7 +317,9 @@ class SlurmCli:
 
     async def start_now(self, job_id: str) -> EffectResult:
         """Ask a pending job to start at once (a requeued job otherwise waits for the
-        credential expiry, DESIGN.md 'Slurm lab')."""
+        credential expiry, DESIGN.md 'Slurm lab'). Use it when the job excludes the nodes
+        it ran on: in the lab, a plain requeue + start_now sometimes relaunched on the same
+        node before the old job's teardown finished, and the new run failed at once."""
         job_id = validate_job_id(job_id)
         job = await self.get_job(job_id)
         before = self._job_state(job)
