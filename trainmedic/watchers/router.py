@@ -23,19 +23,27 @@ logs it and opens nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from trainmedic.adapters.slurm.protocol import CommandRunner, SlurmBackend
+from trainmedic.adapters.slurm.runner import LocalRunner
+from trainmedic.config import Settings
 from trainmedic.domain.incident import IncidentInput, IncidentSignal
+from trainmedic.watchers.epilog import EpilogSpool, spool_dir
+from trainmedic.watchers.slurm import JsonSource, SlurmWatcher
 from trainmedic.workflows.quarantine import (
     NodeQuarantineWorkflow,
     QuarantineInput,
@@ -261,3 +269,81 @@ class IncidentRouter:
             signal.job_id,
             incident_id,
         )
+
+
+# ----------------------------------------------------------------------------- wiring
+
+
+@dataclass
+class SlurmDetection:
+    """The Slurm watcher, the epilog/strigger spool and the router, wired together."""
+
+    router: IncidentRouter
+    watcher: SlurmWatcher
+    spool: EpilogSpool
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(self.watcher.run(stop), self.spool.run(stop))
+
+
+def build_slurm_detection(
+    client: StartsWorkflows,
+    settings: Settings,
+    backend: SlurmBackend,
+    *,
+    runner: CommandRunner | None = None,
+    interval: float = 2.0,
+    window: timedelta = timedelta(seconds=60),
+    storm_threshold: int | None = None,
+    quarantine_task_queue: str | None = None,
+    quarantine_cooldown: timedelta = timedelta(minutes=10),
+    spool_folder: Path | None = None,
+) -> SlurmDetection:
+    """`runner` given: the watcher reads squeue/sinfo JSON itself (the fast path);
+    otherwise through `backend`."""
+    router = IncidentRouter(
+        client,
+        settings.cluster,
+        settings.temporal_task_queue,
+        window=window,
+        storm_threshold=storm_threshold,
+        quarantine_task_queue=quarantine_task_queue,
+        quarantine_cooldown=quarantine_cooldown,
+    )
+    source = (
+        JsonSource(runner, timeout=settings.slurm_command_timeout.total_seconds())
+        if runner is not None
+        else None
+    )
+    watcher = SlurmWatcher(backend, router, interval, cluster=settings.cluster, source=source)
+    router.run_lookup = watcher.job_run
+    router.node_count = watcher.node_count
+    spool = EpilogSpool(spool_folder or spool_dir(settings.state_dir), router, backend=backend)
+    return SlurmDetection(router=router, watcher=watcher, spool=spool)
+
+
+def local_runner(settings: Settings) -> CommandRunner | None:
+    """The runner for the JSON fast path, when Slurm is local (as workers/controller.py)."""
+    if settings.slurm_access != "local":
+        return None
+    env = dict(os.environ)
+    if settings.slurm_conf:
+        env["SLURM_CONF"] = str(settings.slurm_conf)
+    return LocalRunner(env=env, bin_dir=settings.slurm_bin_dir)
+
+
+async def run_slurm_detection(
+    client: StartsWorkflows,
+    settings: Settings,
+    backend: SlurmBackend,
+    stop: asyncio.Event,
+) -> None:
+    """What `trainmedic up` / `trainmedic worker` run beside the worker until `stop`."""
+    detection = build_slurm_detection(client, settings, backend, runner=local_runner(settings))
+    logger.info(
+        "slurm detection for %s: poll every %.1f s, spool %s",
+        settings.cluster,
+        detection.watcher.interval,
+        detection.spool.folder,
+    )
+    await detection.run(stop)
