@@ -1,4 +1,4 @@
-"""`trainmedic lab up|down|status|kill-node|revive-node`: the Slurm lab on this machine."""
+"""`trainmedic lab up|down|status|kill-node|revive-node|train|inject`: the Slurm lab here."""
 
 from __future__ import annotations
 
@@ -10,6 +10,15 @@ from rich.table import Table
 from trainmedic.cli.common import console, settings
 from trainmedic.domain.hostlist import HostlistError, validate_node_name
 from trainmedic.lab import Lab, LabError, LabStatus
+from trainmedic.lab.faults import KERNEL_FAULTS, Fault
+from trainmedic.lab.workload import (
+    TrainingSpec,
+    checkpoint_dir,
+    job_output,
+    kernel_log,
+    submit_training,
+)
+from trainmedic.lab.workload import inject as inject_fault
 
 app = typer.Typer(help="A real Slurm cluster on this machine, for trying and testing.")
 
@@ -128,3 +137,58 @@ def revive_node(
     with console.status(f"reviving {name}..."):
         node = lab.revive_node(_node(name))
     console.print(f"{node.name} is back: {_state_markup(node.state)}")
+
+
+# ------------------------------------------------------------ training workload
+
+
+@app.command()
+def train(
+    nodes: int = typer.Option(2, "--nodes", "-N", help="Nodes (one task per node)."),
+    steps: int = typer.Option(1000, "--steps", help="Training steps."),
+    step_seconds: float = typer.Option(0.5, "--step-seconds", help="Seconds per step."),
+    ckpt_every: int = typer.Option(10, "--ckpt-every", help="Checkpoint every N steps (0: never)."),
+    name: str = typer.Option("train", "--name", help="Job name; checkpoints in jobs/ckpt-NAME."),
+    root: Path | None = _ROOT,
+) -> None:
+    """Submit a fake multi-node training job that `lab inject` can break."""
+    lab = _lab(root)
+    spec = TrainingSpec(
+        nodes=nodes, steps=steps, step_seconds=step_seconds, ckpt_every=ckpt_every, name=name
+    )
+    job_id = submit_training(lab, spec)
+    console.print(f"submitted training job {job_id} ({name}, {nodes} nodes, {steps} steps)")
+    console.print(f"  output       {job_output(lab, job_id)}", soft_wrap=True)
+    console.print(f"  checkpoints  {checkpoint_dir(lab, name)}", soft_wrap=True)
+    console.print(f"Break it with: trainmedic lab inject xid79 --node gpu01 --job {job_id}")
+
+
+@app.command()
+def inject(
+    fault: Fault = typer.Argument(..., help="What goes wrong."),
+    node: str = typer.Option(..., "--node", help="The node it happens on, e.g. gpu02."),
+    job: str | None = typer.Option(None, "--job", help="Only this job's task takes it."),
+    wait: float = typer.Option(
+        15.0, "--wait", help="Seconds to wait for the training task to play it out."
+    ),
+    root: Path | None = _ROOT,
+) -> None:
+    """Make the training job fail on NODE as real jobs fail (log lines, kernel lines, exit)."""
+    lab = _lab(root)
+    result = inject_fault(lab, fault, _node(node), job, wait=wait)
+    if result.fault is Fault.NODE_DEATH:
+        console.print(
+            f"killed {node} ({len(result.killed_pids)} processes): a silent death;"
+            f" revive it with `trainmedic lab revive-node {node}`."
+        )
+        return
+    if result.happened_at is None:
+        console.print(f"asked for {fault.value} on {node}; a training task will take it")
+        return
+    delay = (result.happened_at - result.requested_at).total_seconds()
+    console.print(
+        f"{fault.value} on {node}: job {result.job_id} rank {result.rank} (pid {result.pid})"
+        f" {delay:.1f} s after the request"
+    )
+    if fault in KERNEL_FAULTS:
+        console.print(f"  kernel log   {kernel_log(lab, node)}", soft_wrap=True)

@@ -225,7 +225,7 @@ def inject(
             )
         if time.monotonic() >= deadline:
             if faults.withdraw_fault(lab.root, node, token):
-                whose = f"job {job_id}'s" if job_id else "a training"
+                whose = f"job {job_id}'s" if job_id else "training"
                 raise LabError(
                     f"no {whose} task on {node} took the {fault.value} fault within {wait:.0f} s"
                     " (is `trainmedic lab train` running there?); request withdrawn"
