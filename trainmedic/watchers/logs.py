@@ -178,6 +178,7 @@ class LogWatcher:
         self.config = config or LogWatchConfig()
         self.patterns = ProgressPatterns(self.config.progress)
         self.clock = clock
+        self._resolution = min(5.0, self.config.progress.hang_after.total_seconds() / 20)
         self.stats = LogWatchStats()
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
@@ -317,6 +318,7 @@ class LogWatcher:
             self._cursor += 1
         else:
             order = []
+        read_total = lines = long_lines = resets = 0
         for job, tail in order:
             if budget <= 0:
                 break  # the rest is read next cycle; nothing is skipped
@@ -325,10 +327,14 @@ class LogWatcher:
                 self._scan_block(job, tail, block, now)
             read = tail.bytes_read - before[0]
             budget -= read
-            self.stats.bytes_read += read
-            self.stats.lines += tail.lines - before[1]
-            self.stats.long_lines += tail.long_lines - before[2]
-            self.stats.resets += tail.resets - before[3]
+            read_total += read
+            lines += tail.lines - before[1]
+            long_lines += tail.long_lines - before[2]
+            resets += tail.resets - before[3]
+        self.stats.bytes_read += read_total
+        self.stats.lines += lines
+        self.stats.long_lines += long_lines
+        self.stats.resets += resets
         signals: list[IncidentSignal] = []
         hang_after = cfg.progress.hang_after.total_seconds()
         linger = cfg.linger.total_seconds()
@@ -365,7 +371,15 @@ class LogWatcher:
             self._match_lines(job, tail, block)
         # Progress: new bytes only, plus a little before (a marker cut by the last read).
         start = max(0, block.fresh_from - 128)
-        progress, checkpoint = self.patterns.scan(buf, start)
+        # Checkpoints are rare and always looked for. Progress is only looked for once
+        # the last sighting is `progress_resolution` old: a job printing every step costs
+        # one scan per resolution instead of one per read, and a hang is reported at
+        # most that much early (the resolution is 1/20 of `hang_after`, at most 5 s).
+        checkpoint = self.patterns.scan_checkpoint(buf, start)
+        last = job.progress.last_mono
+        progress = None
+        if last is None or now - last >= self._resolution:
+            progress = self.patterns.scan_progress(buf, start)
         if progress is None and checkpoint is None:
             return
         wall = datetime.now(UTC)

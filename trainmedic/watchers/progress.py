@@ -217,15 +217,22 @@ class ProgressPatterns:
             return _last_match_by_trigger(regex, triggers, buf, start)
         return _last_match(regex, buf, start)
 
-    def scan(self, buf: bytes, start: int) -> tuple[Sighting | None, Sighting | None]:
-        """The last progress and the last checkpoint sighting in buf[start:]."""
-        progress = checkpoint = None
+    def scan_progress(self, buf: bytes, start: int) -> Sighting | None:
+        """The last progress sighting in buf[start:]."""
         if m := self._last(self.progress, self.triggers, buf, start):
-            progress = Sighting(marker_text(m.group(0)), line_around(buf, *m.span()), m.start())
+            return Sighting(marker_text(m.group(0)), line_around(buf, *m.span()), m.start())
+        return None
+
+    def scan_checkpoint(self, buf: bytes, start: int) -> Sighting | None:
+        """The last checkpoint sighting in buf[start:]."""
         if m := self._last(self.checkpoint, self.checkpoint_triggers, buf, start):
             line = line_around(buf, *m.span())
-            checkpoint = Sighting(checkpoint_marker(line), line, m.start())
-        return progress, checkpoint
+            return Sighting(checkpoint_marker(line), line, m.start())
+        return None
+
+    def scan(self, buf: bytes, start: int) -> tuple[Sighting | None, Sighting | None]:
+        """The last progress and the last checkpoint sighting in buf[start:]."""
+        return self.scan_progress(buf, start), self.scan_checkpoint(buf, start)
 
 
 @dataclass(slots=True)
