@@ -185,3 +185,55 @@ async def test_a_failing_sink_does_not_stop_the_agent(tmp_path: Path, matcher: M
     agent = NodeAgent("gpu01", _BrokenSink(), kernel=kern, matcher=matcher)
     _append(kern, "[ 5.1] NVRM: Xid (PCI:0000:18:00): 79, pid=9, name=python, off the bus\n")
     assert len(await agent.poll_kernel()) == 1
+
+
+def test_agent_process_spools_signals_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import signal as signals
+    import subprocess
+    import sys
+    import time
+
+    from trainmedic.domain.incident import IncidentSignal
+
+    node_dir = faults.node_dir(tmp_path, "gpu04")
+    node_dir.mkdir(parents=True)
+    kern = node_dir / faults.KERNEL_LOG
+    kern.write_text("")
+    spool = tmp_path / "spool"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainmedic.workers.node_agent",
+            "--node",
+            "gpu04",
+            "--kernel",
+            str(kern),
+            "--nvml",
+            "none",
+            "--spool",
+            str(spool),
+            "--kernel-interval",
+            "0.05",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        files: list[Path] = []
+        while not files and time.monotonic() < deadline:
+            # Written repeatedly: the agent starts at the end of the file, whenever it starts.
+            faults.append_kernel(
+                tmp_path, "gpu04", faults.kernel_lines(faults.Fault.XID79, pid=1, node="gpu04")
+            )
+            time.sleep(0.3)
+            files = sorted(spool.glob("*.json")) if spool.exists() else []
+        assert files, "no signal spooled"
+        signal = IncidentSignal.model_validate_json(files[0].read_text())
+        assert (signal.kind, signal.nodes, signal.job_id) == ("kernel_xid", ["gpu04"], None)
+    finally:
+        proc.send_signal(signals.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
