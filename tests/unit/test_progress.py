@@ -30,6 +30,7 @@ PATTERNS = ProgressPatterns(ProgressConfig())
         "epoch=2 batch 17",
         " 12%|█▏        | 120/1000 [00:31<03:50, 3.82 it/s]",
         "iter: 7, loss 0.3",
+        "[rank0]: step 5/100 | loss 2.3012 | 1.0 it/s",  # `trainmedic lab train`
     ],
 )
 def test_default_patterns_see_common_trainer_output(line: str) -> None:
@@ -69,6 +70,7 @@ def test_config_echo_and_errors_are_not_progress(line: str) -> None:
             "checkpoint@4000",
         ),
         ("[Torch] Checkpoint global_step1000 is ready now!", "checkpoint@1000"),
+        ("[rank0]: saved checkpoint at step 10", "checkpoint@10"),  # `trainmedic lab train`
     ],
 )
 def test_checkpoint_lines_and_their_step(line: str, marker: str) -> None:
