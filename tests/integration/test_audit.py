@@ -118,6 +118,15 @@ async def test_approved_incident_is_fully_audited(
     assert result.outcome is Outcome.RECOVERED, result.summary
     assert "DRAIN" in node(clean_lab, culprit)["State"]
 
+    # The list (from visibility, which lags a little) shows it with its outcome.
+    for _ in range(50):
+        code, out, err = await cli(incidents_cli.app, ["list", "--cluster", cluster, *address])
+        if code == 0 and "recovered" in out:
+            break
+        await asyncio.sleep(0.2)
+    assert code == 0, err
+    assert incident in out and "gpu_hardware" in out and "recovered" in out
+
     # A decision after the end is refused too, with the workflow's reason.
     code, _, err = await cli(incidents_cli.app, ["approve", incident, "--by", "bob", *address])
     assert code == 2

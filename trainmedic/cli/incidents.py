@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import typer
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from temporalio.client import (
@@ -91,6 +92,15 @@ def _update_refusal(error: WorkflowUpdateFailedError) -> str:
     return str(getattr(cause, "message", None) or cause or error)
 
 
+def _print_table(table: Table) -> None:
+    """At the terminal's width on a terminal; wide when piped, so that grep and scripts
+    see whole ids, states and commands instead of folded cells."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        Console(width=400, highlight=False).print(table)
+
+
 # --------------------------------------------------------------------------- list
 
 
@@ -117,8 +127,9 @@ def list_cmd(
 
     rows = _run(work, address)
     table = Table(title=f"incidents ({len(rows)})", show_lines=False)
-    for column in ("incident", "started", "status", "stage", "mode", "category", "outcome"):
-        table.add_column(column)
+    table.add_column("incident", no_wrap=True)  # copied into `show`/`approve`: never cut
+    for column in ("started", "status", "stage", "mode", "category", "outcome"):
+        table.add_column(column, overflow="fold")
     for w in rows:
         attrs = w.typed_search_attributes
         status = w.status.name.lower() if w.status else "?"
@@ -132,7 +143,7 @@ def list_cmd(
             attrs.get(TM_OUTCOME) or "",
         )
     if rows:
-        console.print(table)
+        _print_table(table)
     else:
         console.print("no incidents")
 
@@ -197,7 +208,7 @@ def _print_effects(effects: list[PlannedEffect]) -> None:
             effect.status.value,
             "\n".join(lines),
         )
-    console.print(table)
+    _print_table(table)
 
 
 def _print_diagnosis(diagnosis: Diagnosis | None) -> None:
