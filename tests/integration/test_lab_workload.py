@@ -99,7 +99,7 @@ def test_progress_checkpoints_and_resume_after_requeue(lab: Lab) -> None:
     wait_for(restarted, f"job {job_id} to run again", 60)
     out = job_output(lab, job_id)
     wait_for(
-        lambda: "[rank1]: resuming from checkpoint step" in out.read_text(),
+        lambda: all(f"[rank{r}]: resuming from checkpoint step" in out.read_text() for r in (0, 1)),
         "the requeued job to resume",
         90,
     )
