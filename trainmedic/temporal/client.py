@@ -62,6 +62,9 @@ _TYPE_NAMES = {
 }
 
 
+INDEXED_TYPES = {name: kind for kind, name in _TYPE_NAMES.items()}
+
+
 async def missing_search_attributes(client: Client) -> list[str]:
     """Required attributes absent or of the wrong type, as 'Name (Type)' strings."""
     response = await client.operator_service.list_search_attributes(

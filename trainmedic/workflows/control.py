@@ -9,7 +9,6 @@ update with who and why: the history is the audit trail.
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -18,18 +17,17 @@ with workflow.unsafe.imports_passed_through():
     from trainmedic.domain.control import (
         ControlInput,
         ControlState,
-        Isolation,
         IsolationGrant,
         IsolationRequest,
         ModeChange,
         RestartGrant,
-        RestartRecord,
         RestartRequest,
         SetModeRequest,
         SetPolicyRequest,
     )
     from trainmedic.domain.enums import Mode
     from trainmedic.temporal.search_attributes import TM_CLUSTER, TM_MODE
+    from trainmedic.workflows.rails import grant_isolation, grant_restart
 
 BREAKER = "trainmedic:breaker"
 
@@ -126,109 +124,17 @@ class ControlWorkflow:
 
     @workflow.update
     def reserve_isolation(self, request: IsolationRequest) -> IsolationGrant:
-        """Grant a drain if the partition's isolation budget and the hourly drain limit allow.
-
-        Idempotent per (incident, node): a retried reservation gets the same answer.
-        A refusal trips the breaker: the cluster falls back to monitor until a person
-        re-arms it with set_mode.
-        """
-        state, now = self.state, workflow.now()
-        rails = state.policy.rails
-        for isolation in state.isolations:
-            if isolation.incident_id == request.incident_id and isolation.node == request.node:
-                return IsolationGrant(granted=True, reason="already reserved")
-        window_start = now - rails.isolation_window
-        in_window = [
-            i for i in state.isolations if i.partition == request.partition and i.at >= window_start
-        ]
-        budget = max(
-            rails.min_isolated_nodes,
-            math.floor(rails.max_isolated_fraction * request.partition_size),
-        )
-        drains_last_hour = [d for d in state.drains if d.at >= now - timedelta(hours=1)]
-        if len(in_window) >= budget:
-            reason = (
-                f"isolation budget spent: {len(in_window)} of {budget} nodes of partition "
-                f"{request.partition} already isolated within {rails.isolation_window}"
-            )
-            self._trip(reason, now)
-            return IsolationGrant(
-                granted=False,
-                reason=reason,
-                breaker_tripped=True,
-                isolated_in_window=len(in_window),
-                budget=budget,
-            )
-        if len(drains_last_hour) >= rails.max_drains_per_hour:
-            reason = f"drain limit reached: {len(drains_last_hour)} drains in the last hour"
-            self._trip(reason, now)
-            return IsolationGrant(
-                granted=False,
-                reason=reason,
-                breaker_tripped=True,
-                isolated_in_window=len(in_window),
-                budget=budget,
-            )
-        entry = Isolation(
-            node=request.node,
-            partition=request.partition,
-            incident_id=request.incident_id,
-            at=now,
-        )
-        state.isolations.append(entry)
-        state.drains.append(entry)
-        return IsolationGrant(
-            granted=True,
-            reason=f"{len(in_window) + 1} of {budget} in window",
-            isolated_in_window=len(in_window) + 1,
-            budget=budget,
-        )
+        """Grant a drain if the partition's isolation budget and the hourly drain limit
+        allow (rails.grant_isolation). A refusal trips the breaker: the cluster falls
+        back to monitor until a person re-arms it with set_mode."""
+        grant = grant_isolation(self.state, request, workflow.now())
+        if grant.breaker_tripped:
+            self._trip(grant.reason, workflow.now())
+        return grant
 
     @workflow.update
     def reserve_restart(self, request: RestartRequest) -> RestartGrant:
-        """Grant a restart unless the job already restarted `restart_budget` times for
-        the same cause with no progress in between."""
-        state, now = self.state, workflow.now()
-        rails = state.policy.rails
-        for record in state.restarts:
-            if record.incident_id == request.incident_id and record.job_id == request.job_id:
-                return RestartGrant(
-                    granted=True, reason="already reserved", budget=rails.restart_budget
-                )
-        window_start = now - rails.restart_window
-        same = [
-            r
-            for r in state.restarts
-            if r.job_id == request.job_id and r.cause == request.cause and r.at >= window_start
-        ]
-        # Only restarts since the last sign of progress count against the budget.
-        without_progress = [r for r in same if r.progress == request.progress]
-        if len(without_progress) >= rails.restart_budget:
-            return RestartGrant(
-                granted=False,
-                reason=(
-                    f"restart budget spent: job {request.job_id} restarted "
-                    f"{len(without_progress)} times for {request.cause} with no progress "
-                    f"(last progress: {request.progress or 'none seen'})"
-                ),
-                restarts_without_progress=len(without_progress),
-                budget=rails.restart_budget,
-            )
-        state.restarts.append(
-            RestartRecord(
-                job_id=request.job_id,
-                cause=request.cause,
-                progress=request.progress,
-                incident_id=request.incident_id,
-                at=now,
-            )
-        )
-        return RestartGrant(
-            granted=True,
-            reason=f"restart {len(without_progress) + 1} of {rails.restart_budget}",
-            restarts_without_progress=len(without_progress) + 1,
-            budget=rails.restart_budget,
-        )
+        return grant_restart(self.state, request, workflow.now())
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -1,0 +1,118 @@
+"""The safety rails' arithmetic: pure functions over the cluster's ledgers.
+
+ControlWorkflow calls them from its update handlers (so reservations are serialised
+per cluster); tests call them with any clock they like.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from trainmedic.domain.control import (
+    ControlState,
+    Isolation,
+    IsolationGrant,
+    IsolationRequest,
+    RestartGrant,
+    RestartRecord,
+    RestartRequest,
+)
+
+
+def isolation_budget(state: ControlState, partition_size: int) -> int:
+    rails = state.policy.rails
+    return max(rails.min_isolated_nodes, math.floor(rails.max_isolated_fraction * partition_size))
+
+
+def grant_isolation(
+    state: ControlState, request: IsolationRequest, now: datetime
+) -> IsolationGrant:
+    """Record and grant one node's isolation, or refuse it (breaker_tripped=True).
+
+    Idempotent per (incident, node): a retried reservation gets the same answer.
+    """
+    rails = state.policy.rails
+    for isolation in state.isolations:
+        if isolation.incident_id == request.incident_id and isolation.node == request.node:
+            return IsolationGrant(granted=True, reason="already reserved")
+    in_window = [
+        i
+        for i in state.isolations
+        if i.partition == request.partition and i.at >= now - rails.isolation_window
+    ]
+    budget = isolation_budget(state, request.partition_size)
+    drains_last_hour = [d for d in state.drains if d.at >= now - timedelta(hours=1)]
+    refusal = None
+    if len(in_window) >= budget:
+        refusal = (
+            f"isolation budget spent: {len(in_window)} of {budget} nodes of partition "
+            f"{request.partition} already isolated within {rails.isolation_window}"
+        )
+    elif len(drains_last_hour) >= rails.max_drains_per_hour:
+        refusal = f"drain limit reached: {len(drains_last_hour)} drains in the last hour"
+    if refusal:
+        return IsolationGrant(
+            granted=False,
+            reason=refusal,
+            breaker_tripped=True,
+            isolated_in_window=len(in_window),
+            budget=budget,
+        )
+    entry = Isolation(
+        node=request.node, partition=request.partition, incident_id=request.incident_id, at=now
+    )
+    state.isolations.append(entry)
+    state.drains.append(entry)
+    return IsolationGrant(
+        granted=True,
+        reason=f"{len(in_window) + 1} of {budget} in window",
+        isolated_in_window=len(in_window) + 1,
+        budget=budget,
+    )
+
+
+def grant_restart(state: ControlState, request: RestartRequest, now: datetime) -> RestartGrant:
+    """Grant a restart unless the job already restarted `restart_budget` times for the
+    same cause with no progress in between (only restarts since the last sign of
+    progress count)."""
+    rails = state.policy.rails
+    for record in state.restarts:
+        if record.incident_id == request.incident_id and record.job_id == request.job_id:
+            return RestartGrant(
+                granted=True, reason="already reserved", budget=rails.restart_budget
+            )
+    without_progress = [
+        r
+        for r in state.restarts
+        if r.job_id == request.job_id
+        and r.cause == request.cause
+        and r.at >= now - rails.restart_window
+        and r.progress == request.progress
+    ]
+    if len(without_progress) >= rails.restart_budget:
+        return RestartGrant(
+            granted=False,
+            reason=(
+                f"restart budget spent: job {request.job_id} restarted "
+                f"{len(without_progress)} times for {request.cause} with no progress "
+                f"(last progress: {request.progress or 'none seen'})"
+            ),
+            restarts_without_progress=len(without_progress),
+            budget=rails.restart_budget,
+        )
+    state.restarts.append(
+        RestartRecord(
+            job_id=request.job_id,
+            cause=request.cause,
+            progress=request.progress,
+            incident_id=request.incident_id,
+            at=now,
+        )
+    )
+    return RestartGrant(
+        granted=True,
+        reason=f"restart {len(without_progress) + 1} of {rails.restart_budget}",
+        restarts_without_progress=len(without_progress) + 1,
+        budget=rails.restart_budget,
+    )
