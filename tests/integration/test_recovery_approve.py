@@ -163,7 +163,9 @@ def _worker_process(
         "TRAINMEDIC_POLICY_FILE": str(policy),
         "TRAINMEDIC_STATE_DIR": str(lab.root / "worker-state"),
     }
-    return subprocess.Popen([sys.executable, "-m", "trainmedic.cli.main", "worker"], env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainmedic.cli.main", "worker", "--no-detect"], env=env
+    )
 
 
 async def test_worker_killed_between_drain_and_requeue(

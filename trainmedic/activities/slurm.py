@@ -135,14 +135,8 @@ class SlurmActivities:
                 note=f"job {job.job_id} already runs away from {','.join(sorted(excluded))}",
             )
         results = await self._annotate(job, incident_id, effect.reason)
-        # No StartTime=now after a requeue: Slurm holds the job back until the old
-        # run's credentials expire (cred_expire); forcing it earlier makes it fail at
-        # launch with "Job credential revoked" on any node of the previous run.
         if effect.kind is EffectKind.REQUEUE_EXCLUDING:
-            # Requeue held, exclude, release: it cannot restart on a culprit in between.
-            results.append(await slurm_call(self._slurm.requeue(job.job_id, hold=True)))
-            results.append(await slurm_call(self._slurm.exclude_nodes(job.job_id, effect.exclude)))
-            results.append(await slurm_call(self._slurm.release(job.job_id)))
+            results += await slurm_call(self._slurm.requeue_excluding(job.job_id, effect.exclude))
         else:
             results.append(await slurm_call(self._slurm.requeue(job.job_id)))
         changed = any(r.changed for r in results)

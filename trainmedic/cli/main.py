@@ -14,6 +14,7 @@ from trainmedic.cli import audit as audit_cli
 from trainmedic.cli import config as config_cli
 from trainmedic.cli import incidents as incidents_cli
 from trainmedic.cli import lab as lab_cli
+from trainmedic.cli import report as report_cli
 from trainmedic.cli import server as server_cli
 from trainmedic.cli import up as up_cli
 from trainmedic.errors import TrainmedicError
@@ -32,6 +33,7 @@ app.add_typer(incidents_cli.app, name="incidents")
 app.add_typer(audit_cli.app, name="audit")
 attribute_cli.register(app)
 up_cli.register(app)
+report_cli.register(app)
 
 
 def _version(value: bool) -> None:

@@ -6,30 +6,53 @@ import asyncio
 import contextlib
 import logging
 import signal
+from datetime import timedelta
 
 import typer
 
 from trainmedic.cli.common import console, dev_server, settings
 from trainmedic.config import Policy, Settings, load_policy
+from trainmedic.durations import parse_duration
 from trainmedic.lab import Lab
 from trainmedic.temporal.client import connect
-from trainmedic.workers.controller import run_worker
+from trainmedic.workers.controller import run_controller
 
 logger = logging.getLogger(__name__)
 
 
-async def _serve(config: Settings, policy: Policy) -> None:
+async def _serve(
+    config: Settings,
+    policy: Policy,
+    *,
+    lab: Lab | None = None,
+    detect: bool = True,
+    hang_after: timedelta = timedelta(minutes=10),
+) -> None:
     """Run the controller until SIGINT/SIGTERM; a clean stop, not a traceback."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     client = await connect(config)
-    await run_worker(client, config, policy, stop)
+    await run_controller(
+        client, config, policy, stop, lab=lab, detect=detect, hang_after=hang_after
+    )
 
 
-def worker() -> None:
-    """Run the controller worker against the configured Temporal and Slurm."""
+def _hang_after(text: str) -> timedelta:
+    value = parse_duration(text)
+    if not isinstance(value, timedelta):
+        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 10m)")
+    return value
+
+
+def worker(
+    detect: bool = typer.Option(
+        True, "--detect/--no-detect", help="Run the watchers too (Slurm, logs, spools)."
+    ),
+    hang_after: str = typer.Option("10m", help="No training progress this long is a hang."),
+) -> None:
+    """Run the controller (worker and watchers) against the configured Temporal and Slurm."""
     config = settings()
     policy = load_policy(config.policy_file)
     console.print(
@@ -37,7 +60,7 @@ def worker() -> None:
         f"{config.temporal_address} ({config.temporal_namespace}), queue "
         f"{config.temporal_task_queue}, policy {policy.version}"
     )
-    asyncio.run(_serve(config, policy))
+    asyncio.run(_serve(config, policy, detect=detect, hang_after=_hang_after(hang_after)))
     console.print("controller worker stopped.")
 
 
@@ -48,6 +71,7 @@ def up(
         True, "--lab/--existing-slurm", help="Start the Slurm lab, or use the Slurm configured."
     ),
     keep: bool = typer.Option(False, help="Leave the dev server and lab running on exit."),
+    hang_after: str = typer.Option("10m", help="No training progress this long is a hang."),
 ) -> None:
     """The main job on the embedded default: Temporal dev server, Slurm lab, controller."""
     config = settings()
@@ -75,7 +99,7 @@ def up(
             console.print(f"               export SLURM_CONF={lab.slurm_conf}")
         console.print(f"  mode         {policy.mode.default.value} (policy {policy.version})")
         console.print("  Ctrl-C stops it.")
-        asyncio.run(_serve(config, policy))
+        asyncio.run(_serve(config, policy, lab=lab, hang_after=_hang_after(hang_after)))
     finally:
         if not keep:
             if lab is not None and started_lab:

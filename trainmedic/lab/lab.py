@@ -243,7 +243,7 @@ class Lab:
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command (argv list) against this lab."""
         try:
-            result = subprocess.run(  # noqa: S603 - argv list, no shell
+            result = subprocess.run(
                 argv,
                 env=self.env(),
                 capture_output=True,
@@ -490,7 +490,7 @@ class Lab:
         output = self.layout.daemon_output(name)
         with output.open("ab") as sink:
             try:
-                result = subprocess.run(  # noqa: S603 - argv list, no shell
+                result = subprocess.run(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=sink,

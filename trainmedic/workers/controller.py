@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
@@ -14,17 +15,25 @@ from temporalio.worker import Worker
 
 from trainmedic.activities.attribution import AttributionActivities, Attributor
 from trainmedic.activities.control import ControlActivities, ensure_control
+from trainmedic.activities.quarantine import (
+    NodeHealth,
+    QuarantineActivities,
+    SlurmNodeHealth,
+    lab_gpu_devices,
+)
 from trainmedic.activities.slurm import SlurmActivities
 from trainmedic.adapters.slurm import LocalRunner, SlurmBackend, SlurmCli
 from trainmedic.config import Policy, Settings
 from trainmedic.domain.control import SetPolicyRequest
+from trainmedic.lab import Lab
 from trainmedic.temporal.client import require_search_attributes
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.quarantine import NodeQuarantineWorkflow
 from trainmedic.workflows.recovery import RecoveryWorkflow
 
 logger = logging.getLogger(__name__)
 
-WORKFLOWS: Sequence[type] = (RecoveryWorkflow, ControlWorkflow)
+WORKFLOWS: Sequence[type] = (RecoveryWorkflow, ControlWorkflow, NodeQuarantineWorkflow)
 
 
 def slurm_backend(settings: Settings) -> SlurmBackend:
@@ -43,17 +52,29 @@ def default_attributor() -> Attributor:
     return CatalogAttributor()
 
 
+def node_health(backend: SlurmBackend, lab: Lab | None) -> NodeHealth:
+    """Slurm's view of the node; in the lab also its fake GPU device files."""
+    if lab is None:
+        return SlurmNodeHealth(backend)
+    return SlurmNodeHealth(backend, lab_gpu_devices(lab.layout.gpu_dir))
+
+
 def build_activities(
     client: Client,
     settings: Settings,
     policy: Policy,
     backend: SlurmBackend | None = None,
     attributor: Attributor | None = None,
+    lab: Lab | None = None,
 ) -> list[Any]:
-    slurm = SlurmActivities(backend or slurm_backend(settings))
+    backend = backend or slurm_backend(settings)
+    slurm = SlurmActivities(backend)
     attribution = AttributionActivities(attributor or default_attributor())
     control = ControlActivities(client, policy, settings.temporal_task_queue)
+    quarantine = QuarantineActivities(backend, node_health(backend, lab))
     return [
+        quarantine.check_health,
+        quarantine.resume_node,
         slurm.gather_evidence,
         slurm.apply_effect,
         slurm.verify_job,
@@ -90,28 +111,63 @@ def build_worker(
     policy: Policy,
     backend: SlurmBackend | None = None,
     attributor: Attributor | None = None,
+    lab: Lab | None = None,
 ) -> Worker:
     return Worker(
         client,
         task_queue=settings.temporal_task_queue,
         workflows=list(WORKFLOWS),
-        activities=build_activities(client, settings, policy, backend, attributor),
+        activities=build_activities(client, settings, policy, backend, attributor, lab),
         activity_executor=ThreadPoolExecutor(max_workers=8),
     )
+
+
+async def run_controller(
+    client: Client,
+    settings: Settings,
+    policy: Policy,
+    stop: asyncio.Event,
+    *,
+    lab: Lab | None = None,
+    detect: bool = True,
+    hang_after: timedelta = timedelta(minutes=10),
+) -> None:
+    """The controller process: the worker, and (unless `detect` is off) every watcher.
+
+    Checks the namespace first, starts the worker (the policy sync below needs one to
+    answer), then runs detection until `stop` is set.
+    """
+    from trainmedic.workers.detection import build_detection
+
+    await require_search_attributes(client)
+    backend = slurm_backend(settings)
+    worker = build_worker(client, settings, policy, backend=backend, lab=lab)
+    logger.info(
+        "controller for cluster %s on task queue %s (detection %s)",
+        settings.cluster,
+        settings.temporal_task_queue,
+        "on" if detect else "off",
+    )
+    async with worker:
+        await sync_policy(client, settings, policy)
+        if not detect:
+            await stop.wait()
+            return
+        agents, nvml = [], {}
+        if lab is not None:
+            from trainmedic.lab.workload import kernel_log, lab_nodes, nvml_state, prepare_nodes
+
+            prepare_nodes(lab)
+            agents = [(node, kernel_log(lab, node)) for node in lab_nodes(lab)]
+            nvml = {node: nvml_state(lab, node) for node in lab_nodes(lab)}
+        detection = build_detection(
+            client, settings, backend, agents=agents, nvml_states=nvml, hang_after=hang_after
+        )
+        await detection.run(stop)
 
 
 async def run_worker(
     client: Client, settings: Settings, policy: Policy, stop: asyncio.Event | None = None
 ) -> None:
-    """Check the namespace, sync the policy, and serve until `stop` is set."""
-    await require_search_attributes(client)
-    worker = build_worker(client, settings, policy)
-    logger.info(
-        "controller worker for cluster %s on task queue %s",
-        settings.cluster,
-        settings.temporal_task_queue,
-    )
-    async with worker:
-        # After the worker runs: the query and update below need a worker to answer.
-        await sync_policy(client, settings, policy)
-        await (stop or asyncio.Event()).wait()
+    """The worker alone (no watchers) until `stop` is set."""
+    await run_controller(client, settings, policy, stop or asyncio.Event(), detect=False)

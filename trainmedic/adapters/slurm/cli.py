@@ -338,15 +338,19 @@ class SlurmCli:
         )
 
     async def requeue_excluding(self, job_id: str, nodes: Sequence[str]) -> list[EffectResult]:
-        """Requeue held, add exclusions, release, start now: the job cannot start on a
-        suspect node between the requeue and the exclusion."""
+        """Requeue held, add exclusions, release: the job cannot start on a suspect node
+        between the requeue and the exclusion.
+
+        No StartTime=now afterwards: Slurm keeps a requeued job back until the old run's
+        job credentials expire (munge cred_expire); starting it sooner makes the launch
+        fail with "Job credential revoked" on any node of the previous run (seen in the
+        lab), which would look like a second failure."""
         results = [await self.requeue(job_id, hold=True)]
         # Right after a requeue the job shows COMPLETING until its old processes are gone;
         # Slurm refuses job updates until it is PENDING again.
         await self._wait_until_pending(job_id)
         results.append(await self.exclude_nodes(job_id, nodes))
         results.append(await self.release(job_id))
-        results.append(await self.start_now(job_id))
         return results
 
     async def _wait_until_pending(self, job_id: str) -> SlurmJob:

@@ -1,0 +1,178 @@
+"""Detection end to end on the lab: a training job, a fault injected the way real jobs
+fail, and the controller's watchers -> one incident with the right diagnosis -> (auto)
+the job resumes from its checkpoint on healthy nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from tests.integration.support import (
+    job,
+    node,
+    record_history,
+    running_on,
+    start_control,
+    wait_for,
+)
+from trainmedic.config import Settings
+from trainmedic.domain import Action, Category, Outcome
+from trainmedic.domain.incident import IncidentResult
+from trainmedic.lab import Lab
+from trainmedic.lab.workload import (
+    TrainingSpec,
+    checkpoint_dir,
+    inject,
+    job_output,
+    kernel_log,
+    lab_nodes,
+    nvml_state,
+    prepare_nodes,
+    reset_nodes,
+    submit_training,
+)
+from trainmedic.workers.controller import slurm_backend
+from trainmedic.workers.detection import Detection, build_detection
+from trainmedic.workflows.recovery import RecoveryWorkflow
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "det"
+POLICY = (
+    "version: it-detect\nmode: {default: auto}\n"
+    "rails: {max_isolated_fraction: 1.0, max_drains_per_hour: 100}\n"
+    "verify: {timeout: 90s, poll_interval: 1s}\n"
+)
+
+
+@pytest.fixture(scope="module")
+async def detection(
+    slurm_lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> AsyncIterator[Detection]:
+    settings = controller_settings.model_copy(update={"cluster": CLUSTER})
+    await start_control(temporal_client, CLUSTER, POLICY)
+    prepare_nodes(slurm_lab)
+    nodes = lab_nodes(slurm_lab)
+    built = build_detection(
+        temporal_client,
+        settings,
+        slurm_backend(settings),
+        interval=1.0,
+        hang_after=timedelta(seconds=4),
+        agents=[(n, kernel_log(slurm_lab, n)) for n in nodes],
+        nvml_states={n: nvml_state(slurm_lab, n) for n in nodes},
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(built.run(stop))
+    yield built
+    stop.set()
+    await asyncio.wait_for(task, 30)
+
+
+async def train(lab: Lab) -> tuple[str, list[str], str]:
+    name = f"t{uuid.uuid4().hex[:6]}"
+    job_id = submit_training(
+        lab, TrainingSpec(nodes=2, steps=5000, step_seconds=0.25, ckpt_every=8, name=name)
+    )
+    placed = await asyncio.to_thread(wait_for, lambda: running_on(lab, job_id), "training")
+    ckpt = checkpoint_dir(lab, name)
+    await asyncio.to_thread(
+        wait_for, lambda: ckpt.is_dir() and any(ckpt.iterdir()), "a first checkpoint"
+    )
+    return job_id, placed, name
+
+
+async def incident_of(detection: Detection, client: Client, job_id: str) -> IncidentResult:
+    prefix = f"incident-{CLUSTER}-{job_id}-"
+    for _ in range(600):
+        ids = {i for i in detection.router.started if i.startswith(prefix)}
+        if ids:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail(f"no incident opened for job {job_id}")
+    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, sorted(ids)[0])
+    result = await asyncio.wait_for(handle.result(), 180)
+    await record_history(client, handle.id)
+    return result
+
+
+def resumed_from_checkpoint(lab: Lab, job_id: str) -> int | None:
+    found = re.findall(r"resuming from checkpoint step (\d+)", job_output(lab, job_id).read_text())
+    return int(found[-1]) if found else None
+
+
+async def check_one_incident(detection: Detection, client: Client, job_id: str) -> None:
+    """Every source reported; all of it landed in incident ...-1, nothing opened ...-2."""
+    opened = {i for i in detection.router.started if f"-{job_id}-" in i}
+    assert len(opened) == 1, opened
+    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, opened.pop())
+    status = await handle.query(RecoveryWorkflow.status)
+    assert len({s.source for s in status.signals}) >= 1
+
+
+CASES = [
+    # fault, category, action, culprit is the injected node, resumes
+    ("xid79", Category.GPU_HARDWARE, Action.DRAIN_AND_RESTART, True, True),
+    ("ecc", Category.GPU_MEMORY_ECC, Action.DRAIN_AND_RESTART, True, True),
+    ("nccl-cascade", Category.CUDA_SOFTWARE, Action.RESTART, False, True),
+    ("hang", Category.HANG, Action.RESTART, False, True),
+    ("node-death", Category.NODE_DOWN, Action.DRAIN_AND_RESTART, True, True),
+    ("cuda-oom", Category.OOM_GPU, Action.STOP, False, False),
+    ("user-exception", Category.USER_CODE, Action.STOP, False, False),
+    ("host-oom", Category.OOM_HOST, Action.STOP, False, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("fault", "category", "action", "node_culprit", "resumes"), CASES, ids=[c[0] for c in CASES]
+)
+async def test_fault_is_detected_attributed_and_recovered(
+    clean_lab: Lab,
+    temporal_client: Client,
+    detection: Detection,
+    fault: str,
+    category: Category,
+    action: Action,
+    node_culprit: bool,
+    resumes: bool,
+) -> None:
+    reset_nodes(clean_lab)
+    job_id, placed, _ = await train(clean_lab)
+    target = placed[1]
+    await asyncio.to_thread(inject, clean_lab, fault, target, job_id)
+
+    result = await incident_of(detection, temporal_client, job_id)
+
+    assert result.diagnosis is not None
+    assert result.diagnosis.category is category, result.diagnosis
+    assert result.diagnosis.action is action, result.diagnosis
+    if node_culprit:
+        assert result.diagnosis.culprit_nodes == [target]
+    else:
+        assert (
+            target not in result.diagnosis.culprit_nodes or action is not Action.DRAIN_AND_RESTART
+        )
+    await check_one_incident(detection, temporal_client, job_id)
+
+    if resumes:
+        assert result.outcome is Outcome.RECOVERED, result.summary
+        step = await asyncio.to_thread(
+            wait_for, lambda: resumed_from_checkpoint(clean_lab, job_id), "resume from checkpoint"
+        )
+        assert step >= 8
+        now_on = running_on(clean_lab, job_id)
+        assert now_on
+        if action is Action.DRAIN_AND_RESTART:
+            assert target not in now_on
+            assert "DRAIN" in node(clean_lab, target)["State"]
+    else:
+        assert result.outcome is Outcome.STOPPED, result.summary
+        assert job(clean_lab, job_id)["JobState"] in {"FAILED", "CANCELLED", "OUT_OF_MEMORY"}

@@ -1,0 +1,221 @@
+"""Detection in the controller process: every watcher, wired to one incident router.
+
+    Slurm watcher (poll + diff) ──┐
+    epilog / strigger spool ──────┤
+    log watcher (job outputs) ────┼──▶ NodeFanout ──▶ IncidentRouter ──▶ RecoveryWorkflow
+    node agents (kernel, NVML) ───┤        (node signal -> one per job     (signal-with-start,
+    node-agent signal spool ──────┘         on the node + quarantine)        one per failure)
+
+Watchers only decide *that* something happened; the router decides which incident it
+belongs to; the workflow decides what it means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import cast
+
+from pydantic import ValidationError
+from temporalio.client import Client
+
+from trainmedic.adapters.slurm import SlurmBackend, SlurmError
+from trainmedic.config import Settings
+from trainmedic.domain import EvidenceSource
+from trainmedic.domain.incident import IncidentSignal
+from trainmedic.domain.slurm import SlurmJob
+from trainmedic.watchers.base import SignalSink
+from trainmedic.watchers.logs import LogWatchConfig, LogWatcher
+from trainmedic.watchers.node import NodeAgent
+from trainmedic.watchers.router import (
+    IncidentRouter,
+    SlurmDetection,
+    StartsWorkflows,
+    build_slurm_detection,
+    local_runner,
+)
+from trainmedic.watchers.slurm import SlurmWatcher
+
+logger = logging.getLogger(__name__)
+
+# Node-agent findings name a node, not a job; the jobs on that node are what failed.
+NODE_SOURCES = frozenset({EvidenceSource.KERNEL.value, EvidenceSource.NVML.value})
+
+
+class NodeFanout:
+    """A SignalSink in front of the router: a kernel/NVML signal about a node becomes one
+    signal per job running there (with its run), plus the node's own (its quarantine)."""
+
+    def __init__(self, router: SignalSink, watcher: SlurmWatcher) -> None:
+        self._router = router
+        self._watcher = watcher
+
+    async def submit(self, signal: IncidentSignal) -> None:
+        if signal.job_id is None and signal.source in NODE_SOURCES and signal.nodes:
+            view = self._watcher.view
+            if view is not None:
+                seen: set[str] = set()
+                for jobs in view.jobs_on(signal.nodes).values():
+                    for job in jobs:
+                        if job.job_id in seen:
+                            continue
+                        seen.add(job.job_id)
+                        await self._router.submit(
+                            signal.model_copy(update={"job_id": job.job_id, "run": job.restarts})
+                        )
+        await self._router.submit(signal)
+
+
+class SignalSpool:
+    """Node agents on real nodes write signals as JSON files into a shared folder
+    (`python -m trainmedic.workers.node_agent --spool DIR`); this delivers them."""
+
+    def __init__(self, folder: Path, sink: SignalSink, interval: float = 0.5) -> None:
+        self.folder = folder
+        self.sink = sink
+        self.interval = interval
+
+    async def poll(self) -> int:
+        if not self.folder.is_dir():
+            return 0
+        delivered = 0
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                signal = IncidentSignal.model_validate_json(path.read_bytes())
+            except (OSError, ValidationError, ValueError) as error:
+                bad = self.folder / "bad"
+                bad.mkdir(exist_ok=True)
+                with contextlib.suppress(OSError):
+                    path.rename(bad / path.name)
+                logger.warning("signal spool: %s set aside: %s", path.name, error)
+                continue
+            await self.sink.submit(signal)
+            path.unlink(missing_ok=True)
+            delivered += 1
+        return delivered
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.poll()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
+
+
+class JobFollower:
+    """Hands the log watcher the running jobs, with the full records it needs (output
+    paths) read once per run of each job, not every poll."""
+
+    def __init__(
+        self, backend: SlurmBackend, watcher: SlurmWatcher, logs: LogWatcher, interval: float
+    ) -> None:
+        self._backend = backend
+        self._watcher = watcher
+        self._logs = logs
+        self._interval = interval
+        self._records: dict[str, SlurmJob] = {}
+
+    async def sync_once(self) -> None:
+        view = self._watcher.view
+        if view is None:
+            return
+        running = {j.job_id: j for j in view.jobs.values() if j.state == "RUNNING"}
+        for job_id, seen in running.items():
+            known = self._records.get(job_id)
+            if known is None or known.restarts != seen.restarts:
+                try:
+                    self._records[job_id] = await self._backend.get_job(job_id)
+                except SlurmError as error:
+                    logger.debug("log follower: job %s not read: %s", job_id, error)
+                    continue
+        for job_id in [j for j in self._records if j not in running]:
+            del self._records[job_id]
+        jobs = [
+            record.model_copy(
+                update={"state": "RUNNING", "nodes": running[job_id].node_names() or record.nodes}
+            )
+            for job_id, record in self._records.items()
+        ]
+        self._logs.sync(jobs)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.sync_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval)
+
+
+@dataclass
+class Detection:
+    slurm: SlurmDetection
+    logs: LogWatcher
+    follower: JobFollower
+    fanout: NodeFanout
+    agents: list[NodeAgent] = field(default_factory=list)
+    spools: list[SignalSpool] = field(default_factory=list)
+
+    @property
+    def router(self) -> IncidentRouter:
+        return self.slurm.router
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(
+            self.slurm.run(stop),
+            self.logs.run(stop),
+            self.follower.run(stop),
+            *(agent.run(stop) for agent in self.agents),
+            *(spool.run(stop) for spool in self.spools),
+        )
+
+
+def build_detection(
+    client: Client,
+    settings: Settings,
+    backend: SlurmBackend,
+    *,
+    interval: float = 2.0,
+    hang_after: timedelta = timedelta(minutes=10),
+    agents: Sequence[tuple[str, Path]] = (),
+    nvml_states: dict[str, Path] | None = None,
+    signal_spool: Path | None = None,
+    quarantine_cooldown: timedelta = timedelta(minutes=10),
+) -> Detection:
+    """Everything `trainmedic up` and `trainmedic worker` run beside the worker.
+
+    `agents` are (node, kernel log file) pairs followed in-process: the lab's nodes.
+    On a real cluster node agents run on the nodes and deliver through `signal_spool`.
+    """
+    from trainmedic.adapters.nvml.fake import FakeNvml
+
+    slurm = build_slurm_detection(
+        # Client satisfies the router's narrow protocol; its overloads hide that from mypy.
+        cast(StartsWorkflows, client),
+        settings,
+        backend,
+        runner=local_runner(settings),
+        interval=interval,
+        quarantine_cooldown=quarantine_cooldown,
+    )
+    fanout = NodeFanout(slurm.router, slurm.watcher)
+    config = LogWatchConfig.model_validate({"progress": {"hang_after": hang_after}})
+    logs = LogWatcher(slurm.router, cluster=settings.cluster, config=config)
+    follower = JobFollower(backend, slurm.watcher, logs, interval=min(interval, 1.0))
+    node_agents = [
+        NodeAgent(
+            node,
+            fanout,
+            kernel=kernel,
+            nvml=FakeNvml.from_file(nvml_states[node])
+            if nvml_states and node in nvml_states
+            else None,
+        )
+        for node, kernel in agents
+    ]
+    spools = [SignalSpool(signal_spool or settings.state_dir / "spool" / "signals", fanout)]
+    return Detection(
+        slurm=slurm, logs=logs, follower=follower, fanout=fanout, agents=node_agents, spools=spools
+    )
