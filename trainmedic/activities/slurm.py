@@ -103,7 +103,11 @@ class SlurmActivities:
         return EffectOutcome(status=status, note=result.detail, results=[result])
 
     async def _annotate(self, job: SlurmJob, incident_id: str, reason: str) -> list[EffectResult]:
-        # A job's comment is the user's too: write ours only over nothing or over ours.
+        """Say in the job's comment why trainmedic touched it (best effort).
+
+        A job's comment is the user's too: ours goes only over nothing or over ours.
+        Slurm refuses comments on a finished job, so callers try again after a requeue.
+        """
         if job.comment and not job.comment.startswith(OUR_REASON_PREFIX):
             return []
         if incident_id in job.comment:
@@ -111,7 +115,7 @@ class SlurmActivities:
         try:
             return [await slurm_call(self._slurm.set_comment(job.job_id, reason))]
         except Exception as error:  # the comment is a courtesy; never fail the effect on it
-            activity.logger.warning("could not annotate job %s: %s", job.job_id, error)
+            activity.logger.debug("job %s not annotated yet: %s", job.job_id, error)
             return []
 
     async def _requeue(self, incident_id: str, effect: PlannedEffect) -> EffectOutcome:
@@ -134,11 +138,17 @@ class SlurmActivities:
                 status=EffectStatus.ALREADY_TRUE,
                 note=f"job {job.job_id} already runs away from {','.join(sorted(excluded))}",
             )
+        # Annotated first where Slurm allows it (a held job left by a crash then names
+        # us), else right after the requeue, when the job is pending again.
         results = await self._annotate(job, incident_id, effect.reason)
+        annotated = bool(results)
         if effect.kind is EffectKind.REQUEUE_EXCLUDING:
             results += await slurm_call(self._slurm.requeue_excluding(job.job_id, effect.exclude))
         else:
             results.append(await slurm_call(self._slurm.requeue(job.job_id)))
+        if not annotated:
+            requeued = await slurm_call(self._slurm.get_job(job.job_id))
+            results += await self._annotate(requeued, incident_id, effect.reason)
         changed = any(r.changed for r in results)
         return EffectOutcome(
             status=EffectStatus.APPLIED if changed else EffectStatus.ALREADY_TRUE,

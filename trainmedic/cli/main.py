@@ -12,6 +12,7 @@ from trainmedic import __version__
 from trainmedic.cli import attribute as attribute_cli
 from trainmedic.cli import audit as audit_cli
 from trainmedic.cli import config as config_cli
+from trainmedic.cli import demo as demo_cli
 from trainmedic.cli import incidents as incidents_cli
 from trainmedic.cli import lab as lab_cli
 from trainmedic.cli import report as report_cli
@@ -33,6 +34,7 @@ app.add_typer(incidents_cli.app, name="incidents")
 app.add_typer(audit_cli.app, name="audit")
 attribute_cli.register(app)
 up_cli.register(app)
+demo_cli.register(app)
 report_cli.register(app)
 
 
