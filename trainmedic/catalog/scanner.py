@@ -63,7 +63,7 @@ class Scanner:
 
     def scan_stream(self, handle: object) -> Iterator[ScanHit]:
         read = handle.read  # type: ignore[attr-defined]
-        prefilter = self.matcher.prefilter
+        search = self.matcher.prefilter.search
         line_no = 1  # number of the line that starts at offset 0 of `buf`
         carry = b""
         while True:
@@ -86,23 +86,22 @@ class Scanner:
                     yield from self._chunks_of_long_line(buf, line_no)
                     carry = b""
                     continue
-            region = memoryview(buf)[:end]
             cursor, cursor_line = 0, line_no
-            last_line_start = -1
-            for hit in prefilter.finditer(buf, 0, end):
-                start = buf.rfind(b"\n", 0, hit.start()) + 1
-                if start == last_line_start:
-                    continue  # one decision per line
-                last_line_start = start
+            pos = 0
+            # One prefilter search per candidate line: after a hit, go on from the end
+            # of its line, so a line full of triggers costs one search, not one each.
+            while pos < end and (hit := search(buf, pos, end)) is not None:
+                start = buf.rfind(b"\n", pos, hit.start()) + 1 or pos
                 stop = buf.find(b"\n", hit.end(), end)
                 if stop < 0:
                     stop = end
+                pos = stop + 1
                 cursor_line += buf.count(b"\n", cursor, start)
                 cursor = start
                 if stop - start > self.max_line:
                     yield from self._long_line_hits(buf, start, stop, cursor_line)
                     continue
-                text = decode_line(bytes(region[start:stop]))
+                text = decode_line(buf[start:stop])
                 found = self.matcher.match(text)
                 if found:
                     yield ScanHit(cursor_line, clip(text), tuple(found))
