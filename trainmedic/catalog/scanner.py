@@ -62,60 +62,81 @@ class Scanner:
             yield from self.scan_stream(handle)
 
     def scan_stream(self, handle: object) -> Iterator[ScanHit]:
-        read = handle.read  # type: ignore[attr-defined]
-        search = self.matcher.prefilter.search
-        line_no = 1  # number of the line that starts at offset 0 of `buf`
-        carry = b""
-        while True:
-            block = read(self.block_size)
-            eof = not block
-            buf = carry + block if carry else block
-            if not buf:
-                break
-            self.bytes_scanned += len(block)
-            if eof:
-                end = len(buf)
-            else:
-                end = buf.rfind(b"\n") + 1
-                if end == 0:
-                    # No newline in the whole buffer: a giant line. Scan what we have as
-                    # one chunk of that line and keep going with the same line number.
-                    if len(buf) < self.max_line:
-                        carry = buf
-                        continue
-                    yield from self._chunks_of_long_line(buf, line_no)
-                    carry = b""
-                    continue
-            cursor, cursor_line = 0, line_no
-            pos = 0
-            # One prefilter search per candidate line: after a hit, go on from the end
-            # of its line, so a line full of triggers costs one search, not one each.
-            while pos < end and (hit := search(buf, pos, end)) is not None:
-                start = buf.rfind(b"\n", pos, hit.start()) + 1 or pos
-                stop = buf.find(b"\n", hit.end(), end)
-                if stop < 0:
-                    stop = end
-                pos = stop + 1
-                cursor_line += buf.count(b"\n", cursor, start)
-                cursor = start
-                if stop - start > self.max_line:
-                    yield from self._long_line_hits(buf, start, stop, cursor_line)
-                    continue
-                text = decode_line(buf[start:stop])
-                found = self.matcher.match(text)
-                if found:
-                    yield ScanHit(cursor_line, clip(text), tuple(found))
-            newlines = buf.count(b"\n", 0, end)
-            self.lines_scanned += newlines
-            line_no += newlines
-            carry = buf[end:]
-            if eof:
-                if carry:
-                    self.lines_scanned += 1
-                break
+        """Hits in a binary stream, in order; memory is bounded by the block size.
 
-    def _long_line_hits(self, buf: bytes, start: int, stop: int, line_no: int) -> Iterator[ScanHit]:
-        yield from self._chunks_of_long_line(buf[start:stop], line_no)
+        The stream is read into one reused buffer (`readinto` where the stream has it):
+        allocating a fresh multi-megabyte block per read costs as much as the scan.
+        """
+        readinto = getattr(handle, "readinto", None)
+        read = handle.read  # type: ignore[attr-defined]
+        step = self.block_size
+        # The unfinished last line is carried to the front of the buffer; it is
+        # shorter than one block (or than max_line, when no newline was seen at all).
+        buf = bytearray(step + max(step, self.max_line))
+        view = memoryview(buf)
+        line_no = 1  # number of the line that starts at offset 0 of `buf`
+        kept = 0  # bytes of the carried line at the front of `buf`
+        try:
+            while True:
+                if readinto is not None:
+                    got = readinto(view[kept : kept + step]) or 0
+                else:
+                    block = read(step)
+                    got = len(block)
+                    buf[kept : kept + got] = block
+                eof = got == 0
+                filled = kept + got
+                if not filled:
+                    break
+                self.bytes_scanned += got
+                if eof:
+                    end = filled
+                else:
+                    end = buf.rfind(b"\n", 0, filled) + 1
+                    if end == 0:
+                        # No newline in the whole buffer: a giant line. Scan what we
+                        # have as one chunk of it and go on with the same line number.
+                        if filled < self.max_line:
+                            kept = filled
+                            continue
+                        yield from self._chunks_of_long_line(bytes(view[:filled]), line_no)
+                        kept = 0
+                        continue
+                yield from self._scan_region(buf, end, line_no)
+                newlines = buf.count(b"\n", 0, end)
+                self.lines_scanned += newlines
+                line_no += newlines
+                kept = filled - end
+                if eof:
+                    if kept:
+                        self.lines_scanned += 1
+                    break
+                if kept:
+                    buf[:kept] = view[end:filled]
+        finally:
+            view.release()
+
+    def _scan_region(self, buf: bytearray, end: int, line_no: int) -> Iterator[ScanHit]:
+        """Hits in `buf[:end]`, whose first line is number `line_no`."""
+        search = self.matcher.prefilter.search
+        cursor, cursor_line, pos = 0, line_no, 0
+        # One prefilter search per candidate line: after a hit, go on from the end of
+        # its line, so a line full of triggers costs one search, not one per trigger.
+        while pos < end and (hit := search(buf, pos, end)) is not None:
+            start = buf.rfind(b"\n", pos, hit.start()) + 1 or pos
+            stop = buf.find(b"\n", hit.end(), end)
+            if stop < 0:
+                stop = end
+            pos = stop + 1
+            cursor_line += buf.count(b"\n", cursor, start)
+            cursor = start
+            if stop - start > self.max_line:
+                yield from self._chunks_of_long_line(bytes(buf[start:stop]), cursor_line)
+                continue
+            text = decode_line(bytes(buf[start:stop]))
+            found = self.matcher.match(text)
+            if found:
+                yield ScanHit(cursor_line, clip(text), tuple(found))
 
     def _chunks_of_long_line(self, data: bytes, line_no: int) -> Iterator[ScanHit]:
         step = self.max_line
