@@ -1,0 +1,584 @@
+"""Detection latency: from a fault happening in a training job to its incident having a
+diagnosis, per fault kind, on the real lab, beside a 180-s Slurm polling baseline.
+
+Sets up its own Temporal dev server and 4-node Slurm lab on free ports in a temp dir,
+runs the controller worker and the controller's detection (Slurm watcher, epilog spool,
+log watcher, the lab's node agents, one incident router) in-process, and repeats, round
+robin over the fault kinds: submit a fresh 2-node fake training job (step 0.2 s, no
+checkpoints), wait until the log watcher follows it and has seen its progress, inject
+the fault on its second node (`trainmedic.lab.workload.inject`), and read the incident's
+history. Monitor mode (nothing is drained or requeued) and a settle window of 1 s
+(policy `detect: {settle: 1s}`; the shipped default is 2 s). After each injection the
+job is cancelled, a killed node revived, the fake GPUs reset and the lab left IDLE.
+
+Times (wall clock, seconds) per injection:
+- `<fault>_p50_s`/`_p95_s`: the fault happening (`Injection.happened_at`; node-death: the
+  kill) -> the incident's diagnosis recorded (the `diagnosis` record of its history).
+- `<fault>_detect_p50_s`/`_p95_s`: the same start -> the incident workflow started (the
+  first report reaching the router: detection proper, before settle + attribution).
+- hang: measured from the trainer going silent (the last write to its output file) and
+  includes the log watcher's `hang_after` (3 s here).
+- baseline: a Slurm poller every 180 s, in the same run. A thread watches each job in
+  Slurm every 0.2 s and notes when the failure became visible there (job no longer
+  RUNNING/COMPLETING; for node-death also the node DOWN or NOT_RESPONDING). The poller's
+  phase is drawn uniformly at random (seeded), so its latency is that visibility delay
+  plus the wait for its next tick. Detection only: the poller would still have to
+  diagnose. A hang never shows in Slurm (the job stays RUNNING), so hangs are left out.
+
+    .venv/bin/python bench/detection_latency.py              # 10 injections per fault kind
+    .venv/bin/python bench/detection_latency.py --quick      # xid79, user-exception, hang once
+    .venv/bin/python bench/detection_latency.py --per-fault 3 --faults xid79,node-death
+
+Needs root (the lab's slurmd). Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from temporalio.client import Client  # noqa: E402
+
+from trainmedic import procs  # noqa: E402
+from trainmedic.activities.control import ensure_control  # noqa: E402
+from trainmedic.audit import records_from_history  # noqa: E402
+from trainmedic.config import Settings, parse_policy  # noqa: E402
+from trainmedic.domain.hostlist import expand  # noqa: E402
+from trainmedic.errors import MissingDependencyError  # noqa: E402
+from trainmedic.lab import Lab, find_free_port_base, require_binaries  # noqa: E402
+from trainmedic.lab.faults import EXPECTED_CATEGORY, Fault  # noqa: E402
+from trainmedic.lab.lab import LabError, parse_scontrol_records  # noqa: E402
+from trainmedic.lab.workload import (  # noqa: E402
+    TrainingSpec,
+    inject,
+    job_output,
+    kernel_log,
+    lab_nodes,
+    nvml_state,
+    prepare_nodes,
+    reset_nodes,
+    submit_training,
+)
+from trainmedic.temporal.client import connect_plain  # noqa: E402
+from trainmedic.temporal.devserver import DevServer  # noqa: E402
+from trainmedic.workers.controller import build_worker, slurm_backend  # noqa: E402
+from trainmedic.workers.detection import Detection, build_detection  # noqa: E402
+
+TASK_QUEUE = "trainmedic-bench-detect"
+CLUSTER = "bdet"
+LAB_NODES = 4
+ALL_FAULTS = [f.value for f in Fault]
+QUICK_FAULTS = ["xid79", "user-exception", "hang"]
+SETTLE_S = 1.0
+HANG_AFTER_S = 3.0
+STEP_S = 0.2
+POLL_S = 180.0  # the baseline poller's period (a common Slurm monitor default)
+ANCHOR_MTTD_S = 69.0  # the published mean time to detect
+# Monitor mode: the bench measures detection and attribution, not effects, and a job
+# that is not requeued can simply be cancelled after each injection.
+POLICY = f"""
+version: bench-detect
+mode: {{default: monitor}}
+detect: {{settle: {SETTLE_S:g}s}}
+"""
+LOG_SOURCED = {"xid79", "ecc", "nccl-cascade", "cuda-oom", "user-exception", "hang", "host-oom"}
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    """Percentile with linear interpolation (q in 0..100)."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def key(fault: str) -> str:
+    return fault.replace("-", "_")
+
+
+def scontrol_one(lab: Lab, what: str, name: str) -> dict[str, str] | None:
+    result = lab.run_client(["scontrol", "-o", "show", what, name], check=False, timeout=10)
+    if result.returncode != 0:
+        return None
+    records = parse_scontrol_records(result.stdout)
+    return records[0] if records else None
+
+
+def slurmd_timeout_s(lab: Lab) -> float | None:
+    out = lab.run_client(["scontrol", "show", "config"], check=False, timeout=10).stdout
+    for line in out.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "SlurmdTimeout":
+            digits = value.strip().split()[0] if value.strip() else ""
+            return float(digits) if digits.isdigit() else None
+    return None
+
+
+class SlurmVisibility(threading.Thread):
+    """When the failure first shows in Slurm (what a Slurm poller could see), polled
+    every 0.2 s: the job leaves RUNNING/COMPLETING, or (watch_node) the node is DOWN or
+    not responding."""
+
+    def __init__(self, lab: Lab, job_id: str, node: str | None) -> None:
+        super().__init__(daemon=True)
+        self.lab, self.job_id, self.node = lab, job_id, node
+        self.at: float | None = None
+        self.what = ""
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                job = scontrol_one(self.lab, "job", self.job_id)
+                state = job.get("JobState", "") if job else "GONE"
+                if state not in ("RUNNING", "COMPLETING"):
+                    self.at, self.what = time.time(), f"job {state}"
+                    return
+                if self.node is not None:
+                    info = scontrol_one(self.lab, "node", self.node)
+                    flags = info.get("State", "") if info else ""
+                    if "DOWN" in flags or "NOT_RESPONDING" in flags or flags.endswith("*"):
+                        self.at, self.what = time.time(), f"node {flags}"
+                        return
+            except LabError:  # a transient scontrol failure: look again
+                pass
+            self.stop.wait(0.2)
+
+
+@dataclass
+class Sample:
+    fault: str
+    job_id: str
+    node: str
+    incident: str
+    diagnosis_s: float  # reference -> diagnosis recorded
+    detect_s: float  # reference -> incident started (first report at the router)
+    category: str
+    visible_s: float | None  # reference -> failure visible in Slurm
+    baseline_s: float | None  # reference -> a 180-s poller's next tick after that
+
+
+class Run:
+    """What the bench thread hands the main thread."""
+
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+        self.failures: list[str] = []
+        self.slurmd_timeout_s: float | None = None
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+
+
+async def wait_lab_idle(lab: Lab, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = lab.run_client(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
+        states = [line.split()[1] for line in out.splitlines() if line.strip()]
+        jobs = lab.run_client(["squeue", "-h", "-o", "%i"], check=False).stdout.strip()
+        if len(states) >= LAB_NODES and all(s == "idle" for s in states) and not jobs:
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError("the lab's nodes did not all return to IDLE")
+
+
+async def until(probe: Any, what: str, timeout: float, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def start_job(lab: Lab, detection: Detection) -> tuple[str, list[str]]:
+    """A fresh short training job, running, followed by the log watcher, progressing."""
+    name = f"b{uuid.uuid4().hex[:6]}"
+    # No checkpoints (ckpt_every 0): nothing here resumes, and saving costs time.
+    spec = TrainingSpec(nodes=2, steps=100000, step_seconds=STEP_S, ckpt_every=0, name=name)
+    job_id = submit_training(lab, spec)
+
+    def placed() -> list[str] | None:
+        info = scontrol_one(lab, "job", job_id)
+        if info is None or info.get("JobState") != "RUNNING":
+            return None
+        return expand(info["NodeList"])
+
+    nodes: list[str] = await until(placed, f"job {job_id} to run", 60, every=0.2)
+    output = job_output(lab, job_id)
+
+    def progressing() -> bool:
+        view = detection.logs.view(job_id)
+        if view is None or view.progress is None or not output.exists():
+            return False
+        text = output.read_text(errors="replace")
+        return "[rank0]: step " in text and "[rank1]: step " in text
+
+    # Steady state: the job has been running, the log watcher follows its output and
+    # has seen progress (a fault in a job nobody watches yet is a different question).
+    await until(progressing, f"job {job_id}'s progress to be followed", 60)
+    return job_id, nodes
+
+
+async def diagnosed(
+    client: Client, detection: Detection, job_id: str, timeout: float = 60
+) -> tuple[str, float, float, str]:
+    """(incident id, started, diagnosis recorded, category) from the incident's history."""
+    prefix = f"incident-{CLUSTER}-{job_id}-"
+    ids: list[str] = await until(
+        lambda: sorted(i for i in detection.router.started if i.startswith(prefix)),
+        f"an incident for job {job_id}",
+        timeout,
+    )
+    handle = client.get_workflow_handle(ids[0])
+    deadline = time.monotonic() + timeout
+    while True:
+        records = records_from_history(await handle.fetch_history())
+        started = next((r for r in records if r.kind == "incident_started"), None)
+        diagnosis = next((r for r in records if r.kind == "diagnosis"), None)
+        if started is not None and diagnosis is not None:
+            category = diagnosis.category or "?"
+            return ids[0], started.time.timestamp(), diagnosis.time.timestamp(), category
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{ids[0]}: no diagnosis within {timeout:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+async def one_injection(
+    client: Client, lab: Lab, detection: Detection, fault: str, rng: random.Random, epoch: float
+) -> Sample:
+    job_id, nodes = await start_job(lab, detection)
+    target = nodes[1]
+    watcher = SlurmVisibility(lab, job_id, target if fault == "node-death" else None)
+    watcher.start()
+    try:
+        injection = await asyncio.to_thread(inject, lab, fault, target, job_id)
+        if injection.happened_at is None:
+            raise RuntimeError(f"{fault} on {target}: the fault never happened")
+        reference = injection.happened_at.timestamp()
+        incident, started, diagnosis_at, category = await diagnosed(client, detection, job_id)
+        if fault == "hang":
+            # The trainer went silent at its last write (the last rank's last line),
+            # which is read before anything else writes to the file (scancel below).
+            reference = max(reference, job_output(lab, job_id).stat().st_mtime)
+    finally:
+        watcher.stop.set()
+        lab.run_client(["scancel", job_id], check=False, timeout=10)
+        if fault == "node-death":
+            await asyncio.to_thread(lab.revive_node, target)
+        reset_nodes(lab)
+    await asyncio.to_thread(watcher.join, 5)
+    visible_s = baseline_s = None
+    if watcher.at is not None and fault != "hang":
+        visible_s = watcher.at - reference
+        # A poller with period POLL_S and a random phase: its ticks fall on
+        # epoch + phase + k * POLL_S; it sees the failure at the first one after it
+        # became visible in Slurm.
+        phase = rng.uniform(0, POLL_S)
+        wait = (phase - (watcher.at - epoch)) % POLL_S
+        baseline_s = visible_s + wait
+    return Sample(
+        fault=fault,
+        job_id=job_id,
+        node=target,
+        incident=incident,
+        diagnosis_s=diagnosis_at - reference,
+        detect_s=started - reference,
+        category=category,
+        visible_s=visible_s,
+        baseline_s=baseline_s,
+    )
+
+
+async def bench(
+    server: DevServer,
+    lab: Lab,
+    state: Path,
+    plan: list[str],
+    seed: int,
+    slurm_interval: float,
+    run: Run,
+) -> None:
+    client = await connect_plain(server.address)
+    policy = parse_policy(POLICY)
+    settings = Settings(
+        cluster=CLUSTER,
+        temporal_address=server.address,
+        temporal_task_queue=TASK_QUEUE,
+        slurm_conf=lab.slurm_conf,
+        state_dir=state,
+    )
+    rng = random.Random(seed)
+    epoch = time.time()
+    stop = asyncio.Event()
+    async with build_worker(client, settings, policy):
+        task: asyncio.Task[None] | None = None
+        try:
+            await ensure_control(client, CLUSTER, policy, TASK_QUEUE)
+            run.slurmd_timeout_s = slurmd_timeout_s(lab)
+            prepare_nodes(lab)
+            nodes = lab_nodes(lab)
+            detection = build_detection(
+                client,
+                settings,
+                slurm_backend(settings),
+                interval=slurm_interval,
+                hang_after=timedelta(seconds=HANG_AFTER_S),
+                agents=[(n, kernel_log(lab, n)) for n in nodes],
+                nvml_states={n: nvml_state(lab, n) for n in nodes},
+            )
+            task = asyncio.create_task(detection.run(stop))
+            for index, fault in enumerate(plan):
+                try:
+                    await wait_lab_idle(lab)
+                except TimeoutError:
+                    await asyncio.to_thread(lab.reset)
+                try:
+                    sample = await one_injection(client, lab, detection, fault, rng, epoch)
+                except (RuntimeError, TimeoutError, LabError) as error:
+                    run.failures.append(f"{index + 1} {fault}: {error}")
+                    say(f"[{index + 1}/{len(plan)}] {fault} FAILED: {error}")
+                    if len(run.failures) > max(3, len(plan) // 5):
+                        raise RuntimeError(f"too many failed injections: {run.failures}") from None
+                    continue
+                run.samples.append(sample)
+                wrong = "" if sample.category == EXPECTED_CATEGORY[Fault(fault)] else " (WRONG)"
+                base = f"{sample.baseline_s:.1f}" if sample.baseline_s is not None else "-"
+                say(
+                    f"[{index + 1}/{len(plan)}] {fault:<14} job {sample.job_id} on "
+                    f"{sample.node}: incident after {sample.detect_s:.2f} s, diagnosis "
+                    f"({sample.category}{wrong}) after {sample.diagnosis_s:.2f} s; "
+                    f"poll-180 baseline {base} s"
+                )
+        except BaseException as error:
+            run.error = error
+            raise
+        finally:
+            stop.set()
+            if task is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(task, 30)
+            run.finished.set()
+
+
+def run_bench(
+    server: DevServer,
+    lab: Lab,
+    state: Path,
+    plan: list[str],
+    seed: int,
+    interval: float,
+    run: Run,
+) -> None:
+    try:
+        asyncio.run(bench(server, lab, state, plan, seed, interval, run))
+    except BaseException as error:
+        run.error = run.error or error
+    finally:
+        run.finished.set()
+
+
+def summary(run: Run, faults: list[str], args: argparse.Namespace, wall_s: float) -> dict[str, Any]:
+    samples = run.samples
+    out: dict[str, Any] = {"bench": "detection_latency", "n": len(samples)}
+    for fault in faults:
+        mine = [s for s in samples if s.fault == fault]
+        stem = key(fault)
+        out[f"{stem}_n"] = len(mine)
+        if not mine:
+            continue
+        diag = [s.diagnosis_s for s in mine]
+        det = [s.detect_s for s in mine]
+        out[f"{stem}_p50_s"] = round(statistics.median(diag), 3)
+        out[f"{stem}_p95_s"] = round(pct(diag, 95), 3)
+        out[f"{stem}_max_s"] = round(max(diag), 3)
+        out[f"{stem}_detect_p50_s"] = round(statistics.median(det), 3)
+        out[f"{stem}_detect_p95_s"] = round(pct(det, 95), 3)
+        expected = EXPECTED_CATEGORY[Fault(fault)]
+        out[f"{stem}_wrong_category"] = sum(1 for s in mine if s.category != expected)
+        visible = [s.visible_s for s in mine if s.visible_s is not None]
+        if visible:
+            out[f"{stem}_slurm_visible_p50_s"] = round(statistics.median(visible), 3)
+    baseline = [s.baseline_s for s in samples if s.baseline_s is not None]
+    if baseline:
+        out["baseline_poll180_mean_s"] = round(statistics.fmean(baseline), 2)
+        out["baseline_poll180_p50_s"] = round(statistics.median(baseline), 2)
+        out["baseline_poll180_p95_s"] = round(pct(baseline, 95), 2)
+        out["baseline_poll180_n"] = len(baseline)
+    ours = [s.diagnosis_s for s in samples if s.baseline_s is not None]
+    if ours:
+        # Ours over the same injections as the baseline (hangs are not in either).
+        out["diagnosis_mean_s"] = round(statistics.fmean(ours), 3)
+    out["anchor_mttd_s"] = ANCHOR_MTTD_S
+    out["settle_s"] = SETTLE_S
+    out["hang_after_s"] = HANG_AFTER_S
+    out["slurm_poll_interval_s"] = args.slurm_interval
+    out["slurmd_timeout_s"] = run.slurmd_timeout_s
+    out["failed"] = len(run.failures)
+    out["quick"] = args.quick
+    out["seed"] = args.seed
+    out["wall_s"] = round(wall_s, 1)
+    return out
+
+
+def report(figures: dict[str, Any], faults: list[str]) -> None:
+    say(
+        "diagnosis latency (fault -> diagnosis recorded; settle window "
+        f"{SETTLE_S:g} s included; detect = fault -> incident opened):"
+    )
+    for fault in faults:
+        stem = key(fault)
+        if f"{stem}_p50_s" not in figures:
+            say(f"  {fault:<14} no samples")
+            continue
+        goal = ""
+        if fault == "node-death" and figures.get("slurmd_timeout_s") is not None:
+            limit = figures["slurmd_timeout_s"] + 5
+            verdict = "met" if figures[f"{stem}_p95_s"] < limit else "MISSED"
+            goal = f"  goal p95 < SlurmdTimeout + 5 = {limit:g} s: {verdict}"
+        elif fault in LOG_SOURCED:
+            verdict = "met" if figures[f"{stem}_p95_s"] < 5 else "MISSED"
+            goal = f"  goal p95 < 5 s: {verdict}"
+        note = f" (from the trainer going silent; includes hang_after {HANG_AFTER_S:g} s)"
+        say(
+            f"  {fault:<14} n={figures[f'{stem}_n']:<3} p50 {figures[f'{stem}_p50_s']:.2f} s"
+            f"  p95 {figures[f'{stem}_p95_s']:.2f} s  detect p50 "
+            f"{figures[f'{stem}_detect_p50_s']:.2f} s  wrong category "
+            f"{figures[f'{stem}_wrong_category']}{goal}{note if fault == 'hang' else ''}"
+        )
+    if "baseline_poll180_mean_s" in figures:
+        say(
+            f"baseline, a Slurm poller every {POLL_S:.0f} s (same injections, hangs excluded: "
+            "Slurm never shows them): latency = time until the failure is visible in Slurm "
+            "+ wait for the poller's next tick, phase uniform at random (seed "
+            f"{figures['seed']}); detection only, no diagnosis: mean "
+            f"{figures['baseline_poll180_mean_s']:.1f} s, p95 "
+            f"{figures['baseline_poll180_p95_s']:.1f} s vs ours (diagnosis) mean "
+            f"{figures.get('diagnosis_mean_s', float('nan')):.2f} s"
+        )
+    say(f"published anchor: mean time to detect {ANCHOR_MTTD_S:.0f} s")
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the same clean-up path as Ctrl-C
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"1 each of {QUICK_FAULTS}")
+    parser.add_argument("--per-fault", type=int, default=None, help="injections per fault (10)")
+    parser.add_argument("--faults", default=None, help="comma-separated fault kinds")
+    parser.add_argument("--seed", type=int, default=180, help="the baseline poller's phases")
+    parser.add_argument(
+        "--slurm-interval",
+        type=float,
+        default=2.0,
+        help="the Slurm watcher's poll interval, s (default: the controller's, 2)",
+    )
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print(
+            "detection_latency needs root: the Slurm lab runs slurmd (run as root)", file=sys.stderr
+        )
+        return 2
+    try:
+        require_binaries()
+    except MissingDependencyError as error:
+        print(f"detection_latency needs the Slurm lab: {error}", file=sys.stderr)
+        return 2
+    faults = args.faults.split(",") if args.faults else (QUICK_FAULTS if args.quick else ALL_FAULTS)
+    unknown = [f for f in faults if f not in ALL_FAULTS]
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}; known: {', '.join(ALL_FAULTS)}")
+    per_fault = args.per_fault or (1 if args.quick else 10)
+    # Round robin: drift (a busy machine) spreads over every kind alike, and node deaths
+    # are minutes apart, not several within the router's 60-s storm window.
+    plan = [fault for _ in range(per_fault) for fault in faults]
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _sigterm)
+
+    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
+    server = DevServer(tmp / "temporal", port=procs.free_port(), ui_port=procs.free_port())
+    lab = Lab(tmp / "lab", port_base=find_free_port_base(LAB_NODES + 2))
+    run = Run()
+    runner = threading.Thread(
+        target=run_bench,
+        args=(server, lab, tmp / "state", plan, args.seed, args.slurm_interval, run),
+        daemon=True,
+    )
+    began = time.monotonic()
+    try:
+        say(f"starting a Temporal dev server on {server.address} and a {LAB_NODES}-node lab")
+        server.start(timeout_s=90)
+        lab.up(nodes=LAB_NODES, gpus=8)
+        say(
+            f"ready after {time.monotonic() - began:.1f} s; {len(plan)} injections "
+            f"({per_fault} x {', '.join(faults)}), monitor mode, settle {SETTLE_S:g} s, "
+            f"hang_after {HANG_AFTER_S:g} s, Slurm watcher every {args.slurm_interval:g} s"
+        )
+        runner.start()
+        while not run.finished.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        say("interrupted; cleaning up")
+        code = 130
+    else:
+        code = 1 if run.error else 0
+    finally:
+        lab.down()
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if runner.is_alive():
+        runner.join(10)
+    if run.error is not None and code != 130:
+        say(f"failed after {len(run.samples)} injections: {run.error!r}")
+    if code != 0 or not run.samples:
+        return _exit(code or 1, runner)
+    figures = summary(run, faults, args, time.monotonic() - began)
+    report(figures, faults)
+    if run.failures:
+        say(f"{len(run.failures)} injection(s) failed: {run.failures}")
+    print(json.dumps(figures), flush=True)
+    return _exit(0, runner)
+
+
+def _exit(code: int, runner: threading.Thread) -> int:
+    if runner.is_alive():
+        # The worker did not shut down (its threads would keep the interpreter alive);
+        # everything it used is already stopped and removed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
