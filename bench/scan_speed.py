@@ -1,22 +1,30 @@
-"""Scan speed of the attribution scanner vs `grep -E -f` over the same patterns.
+"""Scan speed of the attribution scanner vs grep over the same patterns, same file.
 
 Generates a synthetic training log (mostly benign Megatron/NCCL INFO output with
-failures sprinkled in) into a temp dir, scans it with the full catalog in a child
-process (to measure that process's peak RSS), runs `grep -E -c -f` over the catalog's
-regexes translated to POSIX ERE, and removes the file. Both are single-threaded, so
-MB/s is per core. Last line: one JSON object.
+failures sprinkled in) into a temp dir and scans it with the full catalog in a child
+process (to read that process's peak RSS, VmHWM), then runs, side by side:
+
+- `grep -E -c -f` over the catalog's regexes translated to POSIX ERE, in the C
+  locale: the issue's baseline (`grep_mb_per_s`, `ratio_vs_grep`). grep in a UTF-8
+  locale is ~200x slower on these patterns; that figure is given as context
+  (`grep_utf8_mb_per_s`, on the small file only, to keep the run short).
+- `grep -F -c -f` over the catalog's trigger literals, in the C locale: what a pure
+  literal prefilter costs in grep (`grep_literal_mb_per_s`), the fair bar for the
+  scanner's own first pass.
+
+Everything is single-threaded, so MB/s is per core. A second file 1/16 the size is
+scanned too, to show peak memory does not grow with the file. Last line: one JSON
+object.
 
     .venv/bin/python bench/scan_speed.py            # 1 GB
     .venv/bin/python bench/scan_speed.py --quick    # 16 MB, under a minute
-
-grep -E with the catalog's ~240 extended regexes is slow (about 1 MB/s here), so the
-full 1 GB run spends most of its time in grep.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -26,11 +34,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainmedic.catalog import load_catalog  # noqa: E402
+from trainmedic.catalog import Catalog, load_catalog  # noqa: E402
 
 FAILURES = [
     "[rank{r}]:[E ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
@@ -87,30 +96,72 @@ def generate(path: Path, size: int) -> int:
     return failures
 
 
-def to_ere(regex: str) -> str | None:
+def _fold_case(ere: str) -> str:
+    """`ere` with every letter matching either case (grep has no per-pattern -i)."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(ere):
+        ch = ere[i]
+        if ch == "\\" and i + 1 < len(ere):
+            out.append(ere[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            out.append(ch + ch.swapcase() if ch.isalpha() else ch)
+            in_class = ch != "]"
+        elif ch == "[":
+            out.append(ch)
+            in_class = True
+        else:
+            out.append(f"[{ch.lower()}{ch.upper()}]" if ch.isalpha() else ch)
+        i += 1
+    return "".join(out)
+
+
+def to_ere(regex: str, ignore_case: bool = False) -> str | None:
     """Python regex -> GNU grep ERE, or None where ERE cannot say it."""
     if "(?!" in regex or "(?=" in regex:
         return None
     out = regex.replace("(?<![A-Za-z])", "")
     out = re.sub(r"\(\?P<\w+>", "(", out)
-    out = out.replace("(?:", "(").replace(r"\d", "[0-9]")
-    return out
+    out = out.replace("(?:", "(").replace(r"\d", "[0-9]").replace("*?", "*")
+    return _fold_case(out) if ignore_case else out
+
+
+def trigger_literals(catalog: Catalog) -> list[str]:
+    """The prefilter's literals for grep -F: case-insensitive ones in three spellings."""
+    literals = {"Xid"} if catalog.xid_rules else set()
+    for rule in catalog.rules:
+        if rule.xid is not None:
+            continue
+        for pattern in rule.patterns:
+            for trigger in pattern.triggers:
+                if pattern.ignore_case:
+                    low = trigger.lower()
+                    literals.update({low, low.upper(), low.capitalize()})
+                else:
+                    literals.add(trigger)
+    return sorted(literals)
 
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, {root!r})
 from trainmedic.catalog import Matcher, Scanner, load_catalog
-scanner = Scanner(Matcher(load_catalog()))
+matcher = Matcher(load_catalog())
+scanner = Scanner(matcher)
 t = time.perf_counter()
 hits = sum(1 for _ in scanner.scan_path({path!r}))
 dt = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({{"s": dt, "hits": hits, "rss_mb": rss}}))
+# VmHWM, not ru_maxrss: the latter keeps the parent's peak across fork + exec.
+with open("/proc/self/status") as status:
+    hwm = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+engine = type(matcher.prefilter).__module__.split(".")[0]
+print(json.dumps({{"s": dt, "hits": hits, "rss_mb": hwm / 1024, "prefilter": engine}}))
 """
 
 
-def scan_child(path: Path) -> dict[str, float]:
+def scan_child(path: Path) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", CHILD.format(root=str(ROOT), path=str(path))],
         check=True,
@@ -118,30 +169,36 @@ def scan_child(path: Path) -> dict[str, float]:
         text=True,
         timeout=3600,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def grep_once(patterns: Path, path: Path) -> tuple[float, int]:
+def grep_once(flags: list[str], patterns: Path, path: Path, locale: str = "C") -> tuple[float, int]:
+    """Seconds and matching-line count of one `grep <flags> -c -f patterns path`."""
     grep = shutil.which("grep") or "grep"
+    env = {**os.environ, "LC_ALL": locale}
     t = time.perf_counter()
     out = subprocess.run(
-        [grep, "-E", "-c", "-f", str(patterns), str(path)],
+        [grep, *flags, "-c", "-f", str(patterns), str(path)],
         capture_output=True,
         text=True,
         timeout=3600,
         check=False,
+        env=env,
     )
-    return time.perf_counter() - t, int(out.stdout.strip() or 0)
+    dt = time.perf_counter() - t
+    if out.returncode > 1:
+        raise RuntimeError(f"grep {flags} failed: {out.stderr.strip()}")
+    return dt, int(out.stdout.strip() or 0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="16 MB, under a minute")
     parser.add_argument("--size-mb", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     size_mb = args.size_mb or (16 if args.quick else 1024)
-    repeats = args.repeats or (2 if args.quick else 1)
+    repeats = args.repeats
     catalog = load_catalog()
     tmp = Path(tempfile.mkdtemp(prefix="tm-scan-"))
     try:
@@ -151,33 +208,52 @@ def main() -> None:
         failures = generate(log_path, size_mb << 20)
         generate(small_path, max(1, size_mb // 16) << 20)
         real_mb = log_path.stat().st_size / (1 << 20)
+        small_mb = small_path.stat().st_size / (1 << 20)
+        all_patterns = [p for r in catalog.rules for p in r.patterns]
         regexes = sorted(
-            {e for r in catalog.rules for p in r.patterns if (e := to_ere(p.regex)) is not None}
+            {e for p in all_patterns if (e := to_ere(p.regex, p.ignore_case)) is not None}
         )
+        skipped = len({p.regex for p in all_patterns}) - len(regexes)
         patterns = tmp / "patterns.txt"
         patterns.write_text("\n".join(regexes) + "\n")
-        print(f"{len(catalog.rules)} rules, {len(regexes)} ERE patterns for grep", flush=True)
-        small = scan_child(small_path)
+        literals = trigger_literals(catalog)
+        literal_file = tmp / "triggers.txt"
+        literal_file.write_text("\n".join(literals) + "\n")
         print(
-            f"small file ({small_path.stat().st_size >> 20} MB): peak RSS {small['rss_mb']:.0f} MB"
+            f"{len(catalog.rules)} rules, {len(regexes)} ERE patterns for grep -E "
+            f"({skipped} not expressible in ERE), {len(literals)} literals for grep -F",
+            flush=True,
         )
-        scan_s, grep_s = [], []
-        hits = grep_hits = 0
+        small = scan_child(small_path)
+        print(f"small file ({small_mb:.0f} MB): peak RSS {small['rss_mb']:.0f} MB", flush=True)
+        utf8_s, _ = grep_once(["-E"], patterns, small_path, locale="C.UTF-8")
+        print(f"small file: grep -E -f in C.UTF-8 {small_mb / utf8_s:.1f} MB/s", flush=True)
+        scan_s: list[float] = []
+        grep_s: list[float] = []
+        literal_s: list[float] = []
+        hits = grep_hits = literal_hits = 0
+        peak = 0.0
         for n in range(repeats):
             res = scan_child(log_path)
             scan_s.append(res["s"])
             hits = int(res["hits"])
-            peak = res["rss_mb"]
+            peak = max(peak, res["rss_mb"])
             print(
-                f"run {n + 1}: scanner {real_mb / res['s']:.0f} MB/s, {hits} hit lines, "
-                f"peak RSS {peak:.0f} MB",
+                f"run {n + 1}: scanner ({res['prefilter']} prefilter) "
+                f"{real_mb / res['s']:.0f} MB/s, {hits} hit lines, peak RSS {res['rss_mb']:.0f} MB",
                 flush=True,
             )
-            g, grep_hits = grep_once(patterns, log_path)
+            g, grep_hits = grep_once(["-E"], patterns, log_path)
             grep_s.append(g)
             print(f"run {n + 1}: grep -E -f {real_mb / g:.0f} MB/s, {grep_hits} lines", flush=True)
+            g, literal_hits = grep_once(["-F"], literal_file, log_path)
+            literal_s.append(g)
+            print(
+                f"run {n + 1}: grep -F -f {real_mb / g:.0f} MB/s, {literal_hits} lines", flush=True
+            )
         mb_per_s = real_mb / statistics.median(scan_s)
         grep_mb_per_s = real_mb / statistics.median(grep_s)
+        literal_mb_per_s = real_mb / statistics.median(literal_s)
         print(
             json.dumps(
                 {
@@ -185,13 +261,21 @@ def main() -> None:
                     "n": repeats,
                     "size_mb": round(real_mb, 1),
                     "rules": len(catalog.rules),
+                    "prefilter": res["prefilter"],
                     "failures_injected": failures,
                     "hit_lines": hits,
+                    "grep_patterns": len(regexes),
+                    "grep_patterns_skipped": skipped,
                     "grep_hit_lines": grep_hits,
+                    "grep_literal_hit_lines": literal_hits,
                     "mb_per_s": round(mb_per_s, 1),
                     "grep_mb_per_s": round(grep_mb_per_s, 1),
                     "ratio_vs_grep": round(mb_per_s / grep_mb_per_s, 3),
+                    "grep_literal_mb_per_s": round(literal_mb_per_s, 1),
+                    "ratio_vs_grep_literal": round(mb_per_s / literal_mb_per_s, 3),
+                    "grep_utf8_mb_per_s": round(small_mb / utf8_s, 2),
                     "peak_rss_mb": round(peak, 1),
+                    "small_size_mb": round(small_mb, 1),
                     "small_file_peak_rss_mb": round(small["rss_mb"], 1),
                 }
             )
