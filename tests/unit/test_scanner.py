@@ -4,21 +4,49 @@ from __future__ import annotations
 
 import io
 import os
+import random
 from pathlib import Path
 
 from trainmedic.catalog import Matcher, Scanner, load_catalog
 from trainmedic.catalog.scanner import looks_binary
 
 MATCHER = Matcher(load_catalog())
+PLAIN = Matcher(MATCHER.catalog, use_re2=False)
 XID = b"kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
 OOM = b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 
 
-def _scan(data: bytes, **kw: int) -> list[tuple[int, list[str]]]:
-    scanner = Scanner(MATCHER, **kw)
+def _scan(data: bytes, matcher: Matcher = MATCHER, **kw: int) -> list[tuple[int, list[str]]]:
+    scanner = Scanner(matcher, **kw)
     return [
         (h.line_no, [m.rule.id for m in h.matches]) for h in scanner.scan_stream(io.BytesIO(data))
     ]
+
+
+class _ReadOnly:
+    """A stream with read() but no readinto(), like some wrappers."""
+
+    def __init__(self, data: bytes) -> None:
+        self._inner = io.BytesIO(data)
+
+    def read(self, size: int) -> bytes:
+        return self._inner.read(size)
+
+
+def _mixed_log(seed: int) -> tuple[bytes, dict[int, str]]:
+    """Benign lines with every catalog example sprinkled in; {line number: rule id}."""
+    rng = random.Random(seed)
+    lines: list[bytes] = []
+    expected: dict[int, str] = {}
+    for rule in MATCHER.catalog.rules:
+        for example in rule.examples:
+            lines.extend(
+                b"[rank1]: iteration %d | lm loss: 2.0 | nan iterations: 0" % i
+                for i in range(rng.randrange(0, 40))
+            )
+            lines.append(example.encode())
+            expected.setdefault(len(lines), rule.id)
+    return b"\n".join(lines) + b"\n", expected
 
 
 def test_line_numbers_across_small_blocks() -> None:
@@ -71,3 +99,41 @@ def test_looks_binary(tmp_path: Path) -> None:
     binary.write_bytes(bytes(range(256)) * 40)
     assert not looks_binary(text)
     assert looks_binary(binary)
+
+
+def test_re2_and_re_prefilters_give_identical_scans_at_any_block_size() -> None:
+    data, expected = _mixed_log(seed=5)
+    reference = _scan(data, PLAIN, block_size=1 << 20)
+    assert {n for n, _ in reference} == set(expected)  # one hit line per example
+    for n, ids in reference:
+        assert expected[n] in ids
+    for block in (61, 4096, 1 << 20):
+        assert _scan(data, MATCHER, block_size=block, max_line=1 << 16) == reference
+
+
+def test_stream_without_readinto_scans_the_same() -> None:
+    data, _ = _mixed_log(seed=9)
+    via_readinto = _scan(data, block_size=333)
+    scanner = Scanner(MATCHER, block_size=333)
+    via_read = [
+        (h.line_no, [m.rule.id for m in h.matches]) for h in scanner.scan_stream(_ReadOnly(data))
+    ]
+    assert via_read == via_readinto
+    assert scanner.bytes_scanned == len(data)
+    assert scanner.lines_scanned == data.count(b"\n")
+
+
+def test_line_longer_than_a_block_is_carried_whole() -> None:
+    # 3 kB line (longer than the 256-byte block, shorter than max_line) with the
+    # trigger in its middle, after and before plain lines.
+    long_line = b"x" * 1500 + b" " + OOM + b" " + b"y" * 1500
+    data = b"a\nb\n" + long_line + b"\nc\n" + XID + b"\n"
+    hits = _scan(data, block_size=256, max_line=8192)
+    assert [n for n, _ in hits] == [3, 5]
+    assert "oom.gpu_torch" in hits[0][1] and "kernel.xid_79" in hits[1][1]
+
+
+def test_many_trigger_lines_in_a_row_each_judged_once() -> None:
+    data = b"\n".join([OOM + b" Killed Error"] * 500 + [b"done"])
+    hits = _scan(data, block_size=4096)
+    assert [n for n, _ in hits] == list(range(1, 501))

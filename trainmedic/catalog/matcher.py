@@ -139,7 +139,7 @@ def compile_prefilter(
 class Matcher:
     """Compiled view of a Catalog. Thread-safe after construction (read-only)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, *, use_re2: bool = True) -> None:
         self.catalog = catalog
         self._patterns: list[_Compiled] = []
         cs_triggers: set[str] = set()
@@ -158,7 +158,8 @@ class Matcher:
         if self._xid_rules:
             cs_triggers.add("Xid")
         self.triggers = sorted(cs_triggers | ci_triggers)
-        self.prefilter: Prefilter = compile_prefilter(cs_triggers, ci_triggers)
+        # use_re2=False forces the `re` prefilter: for tests and the bench's baseline.
+        self.prefilter: Prefilter = compile_prefilter(cs_triggers, ci_triggers, use_re2=use_re2)
 
     def match(self, line: str) -> list[LineMatch]:
         """Every rule matching this line (already decoded, without newline)."""

@@ -1,0 +1,81 @@
+"""The trigger prefilter: RE2 and the `re` fallback find the same candidate lines."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trainmedic.catalog import Matcher, load_catalog
+from trainmedic.catalog.matcher import compile_prefilter, literal_alternation
+
+CATALOG = load_catalog()
+RE2 = Matcher(CATALOG)
+PLAIN = Matcher(CATALOG, use_re2=False)
+
+BENIGN = [
+    b"[rank3]: iteration 10/ 500 | lm loss: 2.1E+00 | number of nan iterations: 0 |",
+    b"gpu01:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+    b"validation error rate: 0.012 | eval loss 1.3",
+]
+
+
+def _examples() -> list[bytes]:
+    return [e.encode() for rule in CATALOG.rules for e in rule.examples]
+
+
+def test_the_catalog_uses_re2_and_the_fallback_is_plain_re() -> None:
+    assert type(RE2.prefilter).__module__.startswith("re2")
+    assert type(PLAIN.prefilter).__module__ == "re"
+
+
+@pytest.mark.parametrize("matcher", [RE2, PLAIN], ids=["re2", "re"])
+def test_every_example_passes_the_prefilter_and_benign_lines_do_not(matcher: Matcher) -> None:
+    for line in _examples():
+        assert matcher.prefilter.search(line), line
+    for line in BENIGN:
+        assert matcher.prefilter.search(line) is None, line
+
+
+def test_re2_and_re_find_the_same_candidate_lines() -> None:
+    rng = random.Random(3)
+    lines = _examples() + BENIGN * 50
+    rng.shuffle(lines)
+    blob = b"\n".join(lines)
+
+    def candidates(matcher: Matcher) -> set[int]:
+        return {blob.count(b"\n", 0, hit.start()) for hit in matcher.prefilter.finditer(blob)}
+
+    assert candidates(RE2) == candidates(PLAIN)
+    assert len(candidates(RE2)) == len(_examples())
+
+
+def test_search_honours_pos_and_endpos_on_bytearray() -> None:
+    buf = bytearray(b"xx Killed yy\nzz Killed")
+    for prefilter in (RE2.prefilter, PLAIN.prefilter):
+        first = prefilter.search(buf, 0, len(buf))
+        assert first is not None and first.start() == 3
+        second = prefilter.search(buf, first.end(), len(buf))
+        assert second is not None and second.start() == 16
+        assert prefilter.search(buf, first.end(), 15) is None
+
+
+def test_case_insensitive_triggers_match_any_spelling_with_re2() -> None:
+    line = "nvml: gpu 5 eCC_UnCorrectable_Volatile=3"
+    assert RE2.prefilter.search(line.encode())
+    assert [m.rule.id for m in RE2.match(line)] == ["kernel.nvml_ecc_dbe"]
+    # The re fallback only knows three spellings: the reason RE2 folds case itself.
+    assert PLAIN.prefilter.search(line.encode()) is None
+
+
+def test_literal_alternation_drops_covered_words_and_groups_case_insensitive_ones() -> None:
+    pattern = literal_alternation(["Error", "CUDA error", "Xid", "ECC page"], ["ecc", "Remap"])
+    alternatives = pattern.decode().split("|(?i:")
+    assert alternatives[0].split("|") == ["Xid", "Error", r"CUDA\ error"]
+    assert alternatives[1] == "ecc|remap)"
+    assert literal_alternation([], []) == b"(?!)"
+
+
+def test_empty_trigger_set_matches_nothing() -> None:
+    for use_re2 in (True, False):
+        assert compile_prefilter([], [], use_re2=use_re2).search(b"anything at all") is None
