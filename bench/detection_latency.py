@@ -17,7 +17,9 @@ Times (wall clock, seconds) per injection:
 - `<fault>_detect_p50_s`/`_p95_s`: the same start -> the incident workflow started (the
   first report reaching the router: detection proper, before settle + attribution).
 - hang: measured from the trainer going silent (the last write to its output file) and
-  includes the log watcher's `hang_after` (3 s here).
+  includes the log watcher's `hang_after` (3 s here). Node deaths run with `hang_after`
+  30 s: a dead node's job goes silent too, and as shipped (10 min vs SlurmdTimeout's
+  default 300 s) Slurm's verdict comes before a hang would be called.
 - baseline: a Slurm poller every 180 s, in the same run. A thread watches each job in
   Slurm every 0.2 s and notes when the failure became visible there (job no longer
   RUNNING/COMPLETING; for node-death also the node DOWN or NOT_RESPONDING). The poller's
@@ -91,6 +93,8 @@ ALL_FAULTS = [f.value for f in Fault]
 QUICK_FAULTS = ["xid79", "user-exception", "hang"]
 SETTLE_S = 1.0
 HANG_AFTER_S = 3.0
+NODE_DEATH_HANG_AFTER_S = 30.0
+VISIBLE_WAIT_S = 20.0
 STEP_S = 0.2
 POLL_S = 180.0  # the baseline poller's period (a common Slurm monitor default)
 ANCHOR_MTTD_S = 69.0  # the published mean time to detect
@@ -279,6 +283,19 @@ async def one_injection(
     target = nodes[1]
     watcher = SlurmVisibility(lab, job_id, target if fault == "node-death" else None)
     watcher.start()
+    short = detection.logs.config
+    if fault == "node-death":
+        # A dead node's job goes silent too. As shipped, hang_after (10 min) is far above
+        # SlurmdTimeout (300 s by default) and Slurm's verdict comes first; with the
+        # bench's 3 s it would not, so node deaths run with hang_after above the lab's
+        # SlurmdTimeout + 5 s (the goal) + settle.
+        detection.logs.config = short.model_copy(
+            update={
+                "progress": short.progress.model_copy(
+                    update={"hang_after": timedelta(seconds=NODE_DEATH_HANG_AFTER_S)}
+                )
+            }
+        )
     try:
         injection = await asyncio.to_thread(inject, lab, fault, target, job_id)
         if injection.happened_at is None:
@@ -289,8 +306,13 @@ async def one_injection(
             # The trainer went silent at its last write (the last rank's last line),
             # which is read before anything else writes to the file (scancel below).
             reference = max(reference, job_output(lab, job_id).stat().st_mtime)
+        else:
+            # The baseline needs the moment Slurm shows the failure, which may come
+            # after our diagnosis; before scancel (a cancelled job is not a failure).
+            await asyncio.to_thread(watcher.join, VISIBLE_WAIT_S)
     finally:
         watcher.stop.set()
+        detection.logs.config = short
         lab.run_client(["scancel", job_id], check=False, timeout=10)
         if fault == "node-death":
             await asyncio.to_thread(lab.revive_node, target)
