@@ -160,20 +160,52 @@ class Matcher:
         self.triggers = sorted(cs_triggers | ci_triggers)
         # use_re2=False forces the `re` prefilter: for tests and the bench's baseline.
         self.prefilter: Prefilter = compile_prefilter(cs_triggers, ci_triggers, use_re2=use_re2)
+        # Trigger -> indexes of the patterns it gates. Testing each distinct trigger once
+        # per line is ~10x cheaper than each pattern testing its own (dense logs: many
+        # candidate lines).
+        cs_index: dict[str, list[int]] = {}
+        ci_index: dict[str, list[int]] = {}
+        for index, compiled in enumerate(self._patterns):
+            index_of = ci_index if compiled.ignore_case else cs_index
+            for trigger in compiled.triggers:
+                index_of.setdefault(trigger, []).append(index)
+        self._cs_index = tuple((t, tuple(i)) for t, i in cs_index.items())
+        self._ci_index = tuple((t, tuple(i)) for t, i in ci_index.items())
+        # With RE2, one Set match names every trigger in the line in one pass (~1 us,
+        # against ~20 us for ~200 substring tests).
+        self._trigger_set: Any = None
+        self._set_index = self._cs_index + self._ci_index
+        if type(self.prefilter).__module__.startswith("re2"):
+            import re2
+
+            options = re2.Options()
+            options.max_mem = _RE2_MAX_MEM
+            trigger_set = re2.Set.SearchSet(options)
+            for trigger, _ in self._cs_index:
+                trigger_set.Add(re.escape(trigger))
+            for trigger, _ in self._ci_index:
+                trigger_set.Add("(?i:" + re.escape(trigger) + ")")
+            trigger_set.Compile()
+            self._trigger_set = trigger_set
 
     def match(self, line: str) -> list[LineMatch]:
         """Every rule matching this line (already decoded, without newline)."""
         found: list[LineMatch] = []
-        lowered: str | None = None
-        for compiled in self._patterns:
-            if compiled.ignore_case:
-                if lowered is None:
-                    lowered = line.lower()
-                haystack = lowered
-            else:
-                haystack = line
-            if not any(t in haystack for t in compiled.triggers):
-                continue
+        candidates: set[int] = set()
+        if self._trigger_set is not None:
+            for number in self._trigger_set.Match(line) or ():
+                candidates.update(self._set_index[number][1])
+        else:
+            for trigger, indexes in self._cs_index:
+                if trigger in line:
+                    candidates.update(indexes)
+            if self._ci_index:
+                lowered = line.lower()
+                for trigger, indexes in self._ci_index:
+                    if trigger in lowered:
+                        candidates.update(indexes)
+        for index in sorted(candidates):  # catalog order, as rules are listed
+            compiled = self._patterns[index]
             if compiled.regex.search(line) and not any(f.rule is compiled.rule for f in found):
                 found.append(LineMatch(compiled.rule))
         if "Xid" in line and self._xid_rules:
