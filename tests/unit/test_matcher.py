@@ -79,3 +79,12 @@ def test_literal_alternation_drops_covered_words_and_groups_case_insensitive_one
 def test_empty_trigger_set_matches_nothing() -> None:
     for use_re2 in (True, False):
         assert compile_prefilter([], [], use_re2=use_re2).search(b"anything at all") is None
+
+
+def test_match_gives_the_same_rules_with_and_without_re2() -> None:
+    lines = [e for r in CATALOG.rules for e in (*r.examples, *r.non_examples)]
+    lines += [b.decode() for b in BENIGN] + ["nvml: gpu 2 ECC_UNCORRECTABLE_VOLATILE=1"]
+    for line in lines:
+        with_re2 = [(m.rule.id, m.xid) for m in RE2.match(line)]
+        assert with_re2 == [(m.rule.id, m.xid) for m in PLAIN.match(line)], line
+    assert [m.rule.id for m in RE2.match(lines[-1])] == ["kernel.nvml_ecc_dbe"]
