@@ -8,6 +8,8 @@ process (to read that process's peak RSS, VmHWM), then runs, side by side:
   locale: the issue's baseline (`grep_mb_per_s`, `ratio_vs_grep`). grep in a UTF-8
   locale is ~200x slower on these patterns; that figure is given as context
   (`grep_utf8_mb_per_s`, on the small file only, to keep the run short).
+- the scanner itself with the `re` fallback prefilter, i.e. without google-re2
+  (`re_prefilter_mb_per_s`, small file only).
 - `grep -F -c -f` over the catalog's trigger literals, in the C locale: what a pure
   literal prefilter costs in grep (`grep_literal_mb_per_s`), the fair bar for the
   scanner's own first pass.
@@ -148,7 +150,7 @@ CHILD = """
 import json, sys, time
 sys.path.insert(0, {root!r})
 from trainmedic.catalog import Matcher, Scanner, load_catalog
-matcher = Matcher(load_catalog())
+matcher = Matcher(load_catalog(), use_re2={use_re2!r})
 scanner = Scanner(matcher)
 t = time.perf_counter()
 hits = sum(1 for _ in scanner.scan_path({path!r}))
@@ -161,9 +163,9 @@ print(json.dumps({{"s": dt, "hits": hits, "rss_mb": hwm / 1024, "prefilter": eng
 """
 
 
-def scan_child(path: Path) -> dict[str, Any]:
+def scan_child(path: Path, use_re2: bool = True) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD.format(root=str(ROOT), path=str(path))],
+        [sys.executable, "-c", CHILD.format(root=str(ROOT), path=str(path), use_re2=use_re2)],
         check=True,
         capture_output=True,
         text=True,
@@ -226,6 +228,8 @@ def main() -> None:
         )
         small = scan_child(small_path)
         print(f"small file ({small_mb:.0f} MB): peak RSS {small['rss_mb']:.0f} MB", flush=True)
+        plain = scan_child(small_path, use_re2=False)
+        print(f"small file: scanner with the re prefilter {small_mb / plain['s']:.1f} MB/s")
         utf8_s, _ = grep_once(["-E"], patterns, small_path, locale="C.UTF-8")
         print(f"small file: grep -E -f in C.UTF-8 {small_mb / utf8_s:.1f} MB/s", flush=True)
         scan_s: list[float] = []
@@ -274,6 +278,7 @@ def main() -> None:
                     "grep_literal_mb_per_s": round(literal_mb_per_s, 1),
                     "ratio_vs_grep_literal": round(mb_per_s / literal_mb_per_s, 3),
                     "grep_utf8_mb_per_s": round(small_mb / utf8_s, 2),
+                    "re_prefilter_mb_per_s": round(small_mb / plain["s"], 1),
                     "peak_rss_mb": round(peak, 1),
                     "small_size_mb": round(small_mb, 1),
                     "small_file_peak_rss_mb": round(small["rss_mb"], 1),
