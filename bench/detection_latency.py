@@ -22,7 +22,7 @@ Times (wall clock, seconds) per injection:
   default 300 s) Slurm's verdict comes before a hang would be called.
 - baseline: a Slurm poller every 180 s, in the same run. A thread watches each job in
   Slurm every 0.2 s and notes when the failure became visible there (job no longer
-  RUNNING/COMPLETING; for node-death also the node DOWN or NOT_RESPONDING). The poller's
+  RUNNING/COMPLETING; for node-death also the node DOWN). The poller's
   phase is drawn uniformly at random (seeded), so its latency is that visibility delay
   plus the wait for its next tick. Detection only: the poller would still have to
   diagnose. A hang never shows in Slurm (the job stays RUNNING), so hangs are left out.
@@ -146,15 +146,17 @@ def slurmd_timeout_s(lab: Lab) -> float | None:
 
 
 class SlurmVisibility(threading.Thread):
-    """When the failure first shows in Slurm (what a Slurm poller could see), polled
-    every 0.2 s: the job leaves RUNNING/COMPLETING, or (watch_node) the node is DOWN or
-    not responding."""
+    """When the failure first shows in Slurm (what a Slurm poller could act on), polled
+    every 0.2 s: the job leaves RUNNING/COMPLETING, or (with `node`) the node is DOWN.
+    Also notes when the node is first flagged not responding (Slurm's `*`), which
+    neither a poller nor trainmedic takes for a failure on its own."""
 
     def __init__(self, lab: Lab, job_id: str, node: str | None) -> None:
         super().__init__(daemon=True)
         self.lab, self.job_id, self.node = lab, job_id, node
         self.at: float | None = None
-        self.what = ""
+        self.node_down_at: float | None = None
+        self.unresponsive_at: float | None = None
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -162,15 +164,22 @@ class SlurmVisibility(threading.Thread):
             try:
                 job = scontrol_one(self.lab, "job", self.job_id)
                 state = job.get("JobState", "") if job else "GONE"
-                if state not in ("RUNNING", "COMPLETING"):
-                    self.at, self.what = time.time(), f"job {state}"
-                    return
+                now = time.time()
                 if self.node is not None:
                     info = scontrol_one(self.lab, "node", self.node)
                     flags = info.get("State", "") if info else ""
-                    if "DOWN" in flags or "NOT_RESPONDING" in flags or flags.endswith("*"):
-                        self.at, self.what = time.time(), f"node {flags}"
-                        return
+                    if self.unresponsive_at is None and (
+                        "NOT_RESPONDING" in flags or flags.endswith("*") or "DOWN" in flags
+                    ):
+                        self.unresponsive_at = now
+                    if "DOWN" in flags and self.node_down_at is None:
+                        self.node_down_at = now
+                if self.at is None and (
+                    state not in ("RUNNING", "COMPLETING") or self.node_down_at is not None
+                ):
+                    self.at = now
+                if self.at is not None and (self.node is None or self.node_down_at is not None):
+                    return
             except LabError:  # a transient scontrol failure: look again
                 pass
             self.stop.wait(0.2)
@@ -187,6 +196,8 @@ class Sample:
     category: str
     visible_s: float | None  # reference -> failure visible in Slurm
     baseline_s: float | None  # reference -> a 180-s poller's next tick after that
+    node_down_s: float | None = None  # node-death: reference -> Slurm shows the node DOWN
+    unresponsive_s: float | None = None  # node-death: reference -> flagged not responding
 
 
 class Run:
@@ -337,6 +348,8 @@ async def one_injection(
         category=category,
         visible_s=visible_s,
         baseline_s=baseline_s,
+        node_down_s=watcher.node_down_at - reference if watcher.node_down_at else None,
+        unresponsive_s=watcher.unresponsive_at - reference if watcher.unresponsive_at else None,
     )
 
 
@@ -449,6 +462,16 @@ def summary(run: Run, faults: list[str], args: argparse.Namespace, wall_s: float
         visible = [s.visible_s for s in mine if s.visible_s is not None]
         if visible:
             out[f"{stem}_slurm_visible_p50_s"] = round(statistics.median(visible), 3)
+        down = [s.node_down_s for s in mine if s.node_down_s is not None]
+        if down:
+            out[f"{stem}_slurm_node_down_p50_s"] = round(statistics.median(down), 3)
+            # Our share: Slurm's own DOWN verdict -> diagnosis recorded.
+            ours = [s.diagnosis_s - s.node_down_s for s in mine if s.node_down_s is not None]
+            out[f"{stem}_after_node_down_p50_s"] = round(statistics.median(ours), 3)
+            out[f"{stem}_after_node_down_p95_s"] = round(pct(ours, 95), 3)
+        flagged = [s.unresponsive_s for s in mine if s.unresponsive_s is not None]
+        if flagged:
+            out[f"{stem}_slurm_not_responding_p50_s"] = round(statistics.median(flagged), 3)
     baseline = [s.baseline_s for s in samples if s.baseline_s is not None]
     if baseline:
         out["baseline_poll180_mean_s"] = round(statistics.fmean(baseline), 2)
@@ -486,6 +509,15 @@ def report(figures: dict[str, Any], faults: list[str]) -> None:
             limit = figures["slurmd_timeout_s"] + 5
             verdict = "met" if figures[f"{stem}_p95_s"] < limit else "MISSED"
             goal = f"  goal p95 < SlurmdTimeout + 5 = {limit:g} s: {verdict}"
+            if f"{stem}_slurm_node_down_p50_s" in figures:
+                goal += (
+                    f" (Slurm: not responding after p50 "
+                    f"{figures.get(f'{stem}_slurm_not_responding_p50_s', float('nan')):.1f} s, "
+                    f"DOWN after p50 {figures[f'{stem}_slurm_node_down_p50_s']:.1f} s; "
+                    f"diagnosis after Slurm's DOWN p50 "
+                    f"{figures[f'{stem}_after_node_down_p50_s']:.2f} s, p95 "
+                    f"{figures[f'{stem}_after_node_down_p95_s']:.2f} s)"
+                )
         elif fault in LOG_SOURCED:
             verdict = "met" if figures[f"{stem}_p95_s"] < 5 else "MISSED"
             goal = f"  goal p95 < 5 s: {verdict}"
