@@ -72,9 +72,17 @@ def _reap(pid: int) -> None:
 
 
 def port_in_use(host: str, port: int) -> bool:
+    """Something accepts connections on host:port.
+
+    A connect to a free port in the ephemeral range can "succeed" by connecting the
+    socket to itself (TCP simultaneous open, when the kernel picks that very port as
+    the source): that is not a listener.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
+        if sock.connect_ex((host, port)) != 0:
+            return False
+        return bool(sock.getsockname() != sock.getpeername())
 
 
 def free_port(host: str = "127.0.0.1") -> int:

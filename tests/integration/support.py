@@ -149,21 +149,23 @@ async def result_of(client: Client, incident_id: str, timeout: float = 180) -> I
     return result
 
 
-async def record_history(client: Client, workflow_id: str) -> None:
+async def record_history(client: Client, workflow_id: str, name: str | None = None) -> None:
     """With TRAINMEDIC_RECORD_HISTORIES=DIR, keep histories for the replay tests.
 
-    Files are named by the test's cluster prefix (auto, mon, appr, ...), so a rerun
-    refreshes the same set: tests/replay/histories/README.md says how.
+    Files are named by `name` or else by the test's cluster prefix (auto, mon, appr, ...),
+    so a rerun refreshes the same set: tests/replay/histories/README.md says how.
     """
     target = os.environ.get("TRAINMEDIC_RECORD_HISTORIES")
     if not target:
         return
     cluster = workflow_id.split("-")[1]
-    name = cluster[:-6]  # unique_cluster adds six hex digits
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
     folder = Path(target)
     folder.mkdir(parents=True, exist_ok=True)
-    suffix = workflow_id.rsplit("-", 1)[1]
-    (folder / f"recovery-{name}-{suffix}.json").write_text(history.to_json())
-    control = await client.get_workflow_handle(f"control-{cluster}").fetch_history()
-    (folder / f"control-{name}.json").write_text(control.to_json())
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    if name is None:
+        name = cluster[:-6]  # unique_cluster adds six hex digits
+        suffix = workflow_id.rsplit("-", 1)[1]
+        name = f"{name}-{suffix}"
+        control = await client.get_workflow_handle(f"control-{cluster}").fetch_history()
+        (folder / f"control-{cluster[:-6]}.json").write_text(control.to_json())
+    (folder / f"recovery-{name}.json").write_text(history.to_json())

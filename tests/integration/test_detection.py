@@ -89,7 +89,9 @@ async def train(lab: Lab) -> tuple[str, list[str], str]:
     return job_id, placed, name
 
 
-async def incident_of(detection: Detection, client: Client, job_id: str) -> IncidentResult:
+async def incident_of(
+    detection: Detection, client: Client, job_id: str, fault: str
+) -> IncidentResult:
     prefix = f"incident-{CLUSTER}-{job_id}-"
     for _ in range(600):
         ids = {i for i in detection.router.started if i.startswith(prefix)}
@@ -100,7 +102,7 @@ async def incident_of(detection: Detection, client: Client, job_id: str) -> Inci
         pytest.fail(f"no incident opened for job {job_id}")
     handle = client.get_workflow_handle_for(RecoveryWorkflow.run, sorted(ids)[0])
     result = await asyncio.wait_for(handle.result(), 180)
-    await record_history(client, handle.id)
+    await record_history(client, handle.id, name=f"det-{fault}")
     return result
 
 
@@ -149,7 +151,7 @@ async def test_fault_is_detected_attributed_and_recovered(
     target = placed[1]
     await asyncio.to_thread(inject, clean_lab, fault, target, job_id)
 
-    result = await incident_of(detection, temporal_client, job_id)
+    result = await incident_of(detection, temporal_client, job_id, fault)
 
     assert result.diagnosis is not None
     assert result.diagnosis.category is category, result.diagnosis

@@ -16,6 +16,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from trainmedic.workflows.control import ControlWorkflow
+from trainmedic.workflows.quarantine import NodeQuarantineWorkflow
 from trainmedic.workflows.recovery import RecoveryWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -33,7 +34,8 @@ async def test_replay(path: Path) -> None:
     first = json.loads(text)["events"][0]["workflowExecutionStartedEventAttributes"]
     history = WorkflowHistory.from_json(path.stem, text)
     replayer = Replayer(
-        workflows=[RecoveryWorkflow, ControlWorkflow], data_converter=pydantic_data_converter
+        workflows=[RecoveryWorkflow, ControlWorkflow, NodeQuarantineWorkflow],
+        data_converter=pydantic_data_converter,
     )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, (
