@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     temporal_api_key: SecretStr | None = None
     temporal_ui_port: int = Field(8233, ge=1, le=65535)
 
+    lab_port_base: int | None = Field(
+        None, ge=1024, le=65000, description="First port of the lab (slurmctld); default 16817."
+    )
+
     slurm_access: Literal["local", "ssh"] = "local"
     slurm_bin_dir: Path | None = Field(None, description="Directory of sbatch/scontrol/...")
     slurm_conf: Path | None = Field(None, description="SLURM_CONF for the Slurm commands.")

@@ -115,3 +115,27 @@ async def test_auto_node_death_under_a_two_node_job(
     now_on = running_on(clean_lab, job_id)
     assert now_on and dead not in now_on and len(now_on) == 2
     assert dead in job(clean_lab, job_id)["ExcNodeList"]
+
+
+async def test_a_node_an_operator_drained_is_left_alone(
+    clean_lab: Lab, temporal_client: Client, controller: Worker
+) -> None:
+    cluster = unique_cluster("admin")
+    await start_control(temporal_client, cluster, AUTO)
+    job_id, placed = submit_running(clean_lab, 2)
+    culprit = placed[0]
+    clean_lab.run_client(
+        ["scontrol", "update", f"NodeName={culprit}", "State=DRAIN", "Reason=bob: DIMM swap"]
+    )
+
+    incident = await start_incident(temporal_client, cluster, job_id, xid79(culprit))
+    result = await result_of(temporal_client, incident)
+
+    drain, requeue = result.effects
+    assert drain.status is EffectStatus.SKIPPED
+    assert "drained by someone else" in drain.note and "DIMM swap" in drain.note
+    assert node(clean_lab, culprit)["Reason"].startswith("bob: DIMM swap")
+    # The job still moves away from the suspect node.
+    assert requeue.status is EffectStatus.APPLIED
+    assert result.outcome is Outcome.RECOVERED, result.summary
+    assert culprit not in (running_on(clean_lab, job_id) or [culprit])

@@ -202,7 +202,7 @@ def demo(
         logging.getLogger().setLevel(logging.WARNING)
     config = settings()
     server = dev_server(config)
-    lab = Lab(config.lab_dir)
+    lab = Lab(config.lab_dir, port_base=config.lab_port_base)
     started_server = server.pid() is None
     started_lab = not lab.status().running
     try:

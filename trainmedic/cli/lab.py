@@ -26,7 +26,8 @@ _ROOT = typer.Option(None, "--root", help="Lab directory (default: <state dir>/l
 
 
 def _lab(root: Path | None, port_base: int | None = None) -> Lab:
-    return Lab(root or settings().lab_dir, port_base=port_base)
+    config = settings()
+    return Lab(root or config.lab_dir, port_base=port_base or config.lab_port_base)
 
 
 def _node(name: str) -> str:

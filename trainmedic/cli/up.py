@@ -77,7 +77,7 @@ def up(
     config = settings()
     policy = load_policy(config.policy_file)  # bad policy: refuse before starting anything
     server = dev_server(config)
-    lab = Lab(config.lab_dir) if use_lab else None
+    lab = Lab(config.lab_dir, port_base=config.lab_port_base) if use_lab else None
     started_server = server.pid() is None
     started_lab = False
     try:
