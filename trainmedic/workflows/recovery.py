@@ -343,7 +343,7 @@ class RecoveryWorkflow:
 
     async def _gate(self, effect: PlannedEffect) -> bool:
         """True when the effect may go ahead; records why not otherwise."""
-        assert_policy = self.policy or Policy()
+        policy = self.policy or Policy()
         self._set_stage(Stage.GATE, f"gating: {effect.describe()}")
         if effect.mode is Mode.MONITOR:
             effect.status = EffectStatus.WOULD_APPLY
@@ -359,22 +359,22 @@ class RecoveryWorkflow:
         workflow.set_current_details(
             f"{self.details}\n\nApprove or reject with a signal `approve` / `reject` and "
             f'payload {{"action": "{effect.id}", "by": "<you>", "comment": "<why>"}} '
-            f'(or "action": "all"); timeout {assert_policy.approval.timeout}, '
-            f"then {assert_policy.approval.fallback}."
+            f'(or "action": "all"); timeout {policy.approval.timeout}, '
+            f"then {policy.approval.fallback}."
         )
         try:
             await workflow.wait_condition(
                 lambda: effect.status is not EffectStatus.AWAITING_APPROVAL,
-                timeout=assert_policy.approval.timeout,
+                timeout=policy.approval.timeout,
             )
         except TimeoutError:
-            fallback = assert_policy.approval.fallback
+            fallback = policy.approval.fallback
             self.decisions.append(
                 Decision(
                     action=effect.id,
                     approve=fallback == "proceed",
                     by="trainmedic:timeout",
-                    comment=f"no decision within {assert_policy.approval.timeout}: {fallback}",
+                    comment=f"no decision within {policy.approval.timeout}: {fallback}",
                     via="timeout",
                     at=workflow.now(),
                     effect_ids=[effect.id],
@@ -384,7 +384,7 @@ class RecoveryWorkflow:
                 effect.status = EffectStatus.APPROVED
             else:
                 effect.status = EffectStatus.ABANDONED
-                effect.note = f"no decision within {assert_policy.approval.timeout} ({fallback})"
+                effect.note = f"no decision within {policy.approval.timeout} ({fallback})"
         return effect.status is EffectStatus.APPROVED
 
     async def _rail(
@@ -541,13 +541,13 @@ class RecoveryWorkflow:
 
     def _finish_without_effects(self, gathered: Gathered) -> IncidentResult:
         diagnosis = self.diagnosis
-        assert_diag = diagnosis.headline() if diagnosis else "no diagnosis"
+        headline = diagnosis.headline() if diagnosis else "no diagnosis"
         problems = f" ({'; '.join(gathered.problems)})" if gathered.problems else ""
         if diagnosis and diagnosis.action is Action.WAIT:
             return self._finish(
-                Outcome.WAITING_ON_SCHEDULER, f"the scheduler handles it: {assert_diag}"
+                Outcome.WAITING_ON_SCHEDULER, f"the scheduler handles it: {headline}"
             )
-        return self._finish(Outcome.ESCALATED, f"needs a person: {assert_diag}{problems}")
+        return self._finish(Outcome.ESCALATED, f"needs a person: {headline}{problems}")
 
     def _finish(
         self, outcome: Outcome, summary: str, job_nodes_after: list[str] | None = None
