@@ -65,7 +65,9 @@ async def detection(
         settings,
         slurm_backend(settings),
         interval=1.0,
-        hang_after=timedelta(seconds=4),
+        # Above the lab's time to flag a dead node NOT_RESPONDING (~7 s): a silent node
+        # death must read as node_down, not as the hang its ranks also show.
+        hang_after=timedelta(seconds=10),
         agents=[(n, kernel_log(slurm_lab, n)) for n in nodes],
         nvml_states={n: nvml_state(slurm_lab, n) for n in nodes},
     )

@@ -124,7 +124,7 @@ async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str) -> bool:
     policy = parse_policy(DEMO_POLICY, "demo policy")
     stop = asyncio.Event()
     controller = asyncio.create_task(
-        run_controller(client, config, policy, stop, lab=lab, hang_after=timedelta(seconds=8))
+        run_controller(client, config, policy, stop, lab=lab, hang_after=timedelta(seconds=15))
     )
     job_id = None
     try:
