@@ -6,6 +6,8 @@ the worker hands in (house style: never build a client inside an activity).
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio import activity
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
@@ -49,22 +51,25 @@ class ControlActivities:
         await ensure_control(self._client, ref.cluster, self._policy, self._task_queue)
         return await handle.query(ControlWorkflow.current)
 
-    @activity.defn(name="reserve_isolation")
-    async def reserve_isolation(self, request: ReserveIsolation) -> IsolationGrant:
+    async def _reserve(self, cluster: str, update: Any, request: Any, what: str) -> Any:
         handle = self._client.get_workflow_handle_for(
-            ControlWorkflow.run, control_workflow_id(request.cluster)
+            ControlWorkflow.run, control_workflow_id(cluster)
         )
         try:
-            return await handle.execute_update(ControlWorkflow.reserve_isolation, request.request)
+            return await handle.execute_update(update, request)
         except WorkflowUpdateFailedError as error:
-            raise ApplicationError(f"isolation reservation refused: {error.cause}") from error
+            raise ApplicationError(f"{what} reservation refused: {error.cause}") from error
+
+    @activity.defn(name="reserve_isolation")
+    async def reserve_isolation(self, request: ReserveIsolation) -> IsolationGrant:
+        grant: IsolationGrant = await self._reserve(
+            request.cluster, ControlWorkflow.reserve_isolation, request.request, "isolation"
+        )
+        return grant
 
     @activity.defn(name="reserve_restart")
     async def reserve_restart(self, request: ReserveRestart) -> RestartGrant:
-        handle = self._client.get_workflow_handle_for(
-            ControlWorkflow.run, control_workflow_id(request.cluster)
+        grant: RestartGrant = await self._reserve(
+            request.cluster, ControlWorkflow.reserve_restart, request.request, "restart"
         )
-        try:
-            return await handle.execute_update(ControlWorkflow.reserve_restart, request.request)
-        except WorkflowUpdateFailedError as error:
-            raise ApplicationError(f"restart reservation refused: {error.cause}") from error
+        return grant
