@@ -41,6 +41,7 @@ from trainmedic.adapters.slurm.errors import (
 from trainmedic.adapters.slurm.parse import (
     _exit_from_json,
     _num,
+    _reason,
     _split_job_state,
     _split_state,
     parse_sinfo_json,
@@ -245,8 +246,12 @@ def lean_job(raw: Mapping[str, Any]) -> JobView:
     states = tuple(state_value) if isinstance(state_value, list) else (str(state_value),)
     state, flags = _job_state(states)
     reason = _text(raw.get("state_reason"))
+    # 24.11 also says `hold: true` (priority 0); 22.05 only through the reason.
     held = state == "PENDING" and (
-        reason in HELD_REASONS or "REQUEUE_HOLD" in flags or "SPECIAL_EXIT" in flags
+        reason in HELD_REASONS
+        or "REQUEUE_HOLD" in flags
+        or "SPECIAL_EXIT" in flags
+        or raw.get("hold") is True
     )
     nodes = raw.get("nodes") or ""
     if isinstance(nodes, list):
@@ -266,17 +271,14 @@ def lean_job(raw: Mapping[str, Any]) -> JobView:
 
 
 def lean_node(raw: Mapping[str, Any]) -> NodeView:
-    """One 22.05 `sinfo --json` `nodes[]` record -> NodeView."""
+    """One 22.05 `sinfo --json` (or `scontrol --json show node`) `nodes[]` record -> NodeView."""
     state_value = raw.get("state") or "UNKNOWN"
     states = list(state_value) if isinstance(state_value, list) else [state_value]
     states += list(raw.get("state_flags") or [])
     state, flags = _node_state(tuple(str(s) for s in states))
+    reason, reason_user = _reason(raw.get("reason"), raw.get("reason_set_by_user"))
     return NodeView(
-        name=str(raw["name"]),
-        state=state,
-        flags=flags,
-        reason=_text(raw.get("reason")),
-        reason_user=_text(raw.get("reason_set_by_user")),
+        name=str(raw["name"]), state=state, flags=flags, reason=reason, reason_user=reason_user
     )
 
 
@@ -301,6 +303,7 @@ try:  # optional accelerator: decode only the fields named below, skip the rest
         array_job_id: Any = None
         array_task_id: Any = None
         array_task_string: Any = None
+        hold: Any = None
 
     class _MSqueue(msgspec.Struct):
         jobs: list[_MJob] | None = None

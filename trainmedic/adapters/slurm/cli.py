@@ -107,7 +107,9 @@ class SlurmCli:
     # ------------------------------------------------------------------ reads
 
     async def list_jobs(self) -> list[SlurmJob]:
-        result = await self._run(["squeue", "--json"])
+        # 24.11 applies squeue's default state filter to --json too, so a job that just
+        # FAILED would be missing; --states=all keeps it (22.05 ignores filters with --json).
+        result = await self._run(["squeue", "--json", "--states=all"])
         return parse_squeue_json(result.stdout)
 
     async def get_job(self, job_id: str) -> SlurmJob:

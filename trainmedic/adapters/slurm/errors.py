@@ -3,7 +3,9 @@
 `retryable` tells the activity layer whether trying again can help (the controller was
 unreachable or slow) or not (the job or node does not exist, the job cannot be requeued,
 the request is invalid). The messages below were captured from Slurm 22.05's commands
-(see tests/data/slurm/22.05/errors.json); 24.11 prints the same libslurm error strings.
+(see tests/data/slurm/22.05/errors.json) and checked against Slurm 24.11.5, which prints the
+same strings (tests/data/slurm/24.11/real/errors.txt). Some go to stdout, not stderr
+("Job 5_7 not found", "Node nope not found"): callers classify `stderr or stdout`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
   `exit_code` as `{"status": [...], "return_code": {...}, "signal": {"id": {...}}}`.
 - `sinfo --json`: 22.05 has a top-level `nodes` list (one entry per node, `state` a
   lower-case string plus `state_flags`); 24.11 has a top-level `sinfo` list whose entries
-  are per partition and group nodes (`nodes.nodes`) with `node.state` as a list.
+  are per partition and group nodes (`nodes.nodes`) with `node.state` as a list and
+  `reason` as `{"description", "time", "user"}` (captured from 24.11.5, see
+  tests/data/slurm/24.11/real/).
   `scontrol --json show node` (23.02+) has `nodes` with `state` as a list: handled too.
 - `scontrol -o show job|node`: one `Key=Value ...` record per line, in every version.
 
@@ -88,6 +90,20 @@ def _hosts(value: Any) -> list[str]:
         except HostlistError as exc:
             raise SlurmParseError(f"bad hostlist {text!r} from Slurm: {exc}") from exc
     return names
+
+
+def _reason(value: Any, user: Any = None) -> tuple[str | None, str | None]:
+    """A node's drain/down reason and who set it.
+
+    22.05's sinfo and `scontrol --json` give a string (plus `reason_set_by_user`); 24.11's
+    `sinfo --json` gives `{"description", "time", "user"}`, with an empty description
+    (and user '') on nodes that have no reason.
+    """
+    if isinstance(value, Mapping):
+        text = _text(value.get("description"))
+        return text, (_text(value.get("user")) if text else None)
+    text = _text(value)
+    return text, (_text(user) if text else None)
 
 
 def _split_state(states: Iterable[str], base_states: frozenset[str]) -> tuple[str, list[str]]:
@@ -289,12 +305,13 @@ def _node_from_flat(raw: Mapping[str, Any]) -> SlurmNode:
     partitions = raw.get("partitions") or []
     if isinstance(partitions, str):
         partitions = [p for p in partitions.split(",") if p]
+    reason, reason_user = _reason(raw.get("reason"), raw.get("reason_set_by_user"))
     return SlurmNode(
         name=str(raw["name"]),
         state=state,
         state_flags=flags,
-        reason=_text(raw.get("reason")),
-        reason_user=_text(raw.get("reason_set_by_user")),
+        reason=reason,
+        reason_user=reason_user,
         partitions=[str(p) for p in partitions],
         gres=_text(raw.get("gres")),
         cpus=_num(raw.get("cpus")),
@@ -316,6 +333,7 @@ def _nodes_from_sinfo_entries(entries: Sequence[Mapping[str, Any]]) -> list[Slur
         partition = (entry.get("partition") or {}).get("name")
         gres = entry.get("gres") or {}
         cpus = entry.get("cpus") or {}
+        reason, reason_user = _reason(entry.get("reason"))
         for name in names:
             node = by_name.get(name)
             if node is None:
@@ -323,7 +341,8 @@ def _nodes_from_sinfo_entries(entries: Sequence[Mapping[str, Any]]) -> list[Slur
                     name=name,
                     state=state,
                     state_flags=flags,
-                    reason=_text(entry.get("reason")),
+                    reason=reason,
+                    reason_user=reason_user,
                     gres=_text(gres.get("total")) if isinstance(gres, Mapping) else None,
                     cpus=_num(cpus.get("maximum")) if isinstance(cpus, Mapping) else None,
                 )
@@ -434,8 +453,16 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
         raise SlurmParseError("scontrol job record without JobId")
     numeric = int(record["JobId"])
     array_job = _int_field(record, "ArrayJobId")
-    array_task = _int_field(record, "ArrayTaskId")
-    job_id = f"{array_job}_{array_task}" if array_job and array_task is not None else str(numeric)
+    task_text = _null(record.get("ArrayTaskId"))
+    # A pending array's meta record has a task range (ArrayTaskId=0-1), not one task:
+    # name it like squeue does (5_[0-1]) rather than as its first task.
+    array_task = int(task_text) if task_text and task_text.isdigit() else None
+    if array_job and array_task is not None:
+        job_id = f"{array_job}_{array_task}"
+    elif array_job and task_text:
+        job_id = f"{array_job}_[{task_text}]"
+    else:
+        job_id = str(numeric)
     state, flags = _split_job_state([record.get("JobState", "UNKNOWN")])
     tasks_per_node = None
     ntasks = _null(record.get("NtasksPerN:B:S:C"))
