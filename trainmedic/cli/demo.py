@@ -20,7 +20,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from trainmedic.cli.common import console, dev_server, settings
-from trainmedic.config import Settings, parse_policy
+from trainmedic.config import Settings, load_policy
 from trainmedic.domain.control import SetModeRequest
 from trainmedic.domain.enums import Mode
 from trainmedic.domain.incident import EffectStatus, IncidentStatus
@@ -39,14 +39,6 @@ from trainmedic.temporal.client import connect
 from trainmedic.workers.controller import run_controller
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
 from trainmedic.workflows.recovery import RecoveryWorkflow, incident_workflow_id
-
-DEMO_POLICY = """
-version: demo-1
-mode: {default: auto}
-detect: {settle: 2s}
-rails: {max_isolated_fraction: 0.5}
-verify: {timeout: 2m, poll_interval: 1s}
-"""
 
 
 class Timeline:
@@ -121,12 +113,15 @@ async def _follow(
 
 async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str) -> bool:
     client = await connect(config)
-    policy = parse_policy(DEMO_POLICY, "demo policy")
+    # The configured policy as it is; only the cluster's mode is switched to auto for the
+    # demo (an audited set_mode) and handed back afterwards.
+    policy = load_policy(config.policy_file)
     stop = asyncio.Event()
     controller = asyncio.create_task(
         run_controller(client, config, policy, stop, lab=lab, hang_after=timedelta(seconds=15))
     )
     job_id = None
+    previous_mode: Mode | None = None
     try:
         control = client.get_workflow_handle_for(
             ControlWorkflow.run, control_workflow_id(config.cluster)
@@ -137,6 +132,7 @@ async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str) -> bool:
                 await control.query(ControlWorkflow.current)
                 break
             await asyncio.sleep(0.2)
+        previous_mode = (await control.query(ControlWorkflow.current)).mode
         await control.execute_update(
             ControlWorkflow.set_mode,
             SetModeRequest(mode=Mode.AUTO, by="trainmedic demo", reason="demo: act on its own"),
@@ -187,6 +183,17 @@ async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str) -> bool:
     finally:
         if job_id:
             lab.run_client(["scancel", job_id], check=False)
+        if previous_mode is not None and previous_mode is not Mode.AUTO:
+            # The cluster's mode outlives the demo in the dev server: hand it back.
+            with contextlib.suppress(Exception):
+                await control.execute_update(
+                    ControlWorkflow.set_mode,
+                    SetModeRequest(
+                        mode=previous_mode,
+                        by="trainmedic demo",
+                        reason=f"demo over: back to {previous_mode.value}",
+                    ),
+                )
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(controller, 30)
@@ -213,8 +220,8 @@ def demo(
         config = config.model_copy(update={"slurm_conf": lab.slurm_conf})
         console.print(
             f"[bold]trainmedic demo[/] - Temporal UI {status.ui_url}, cluster "
-            f"{config.cluster}, lab nodes gpu01-gpu04, policy: auto (demo only; "
-            "the default is monitor)"
+            f"{config.cluster}, lab nodes gpu01-gpu04. The cluster runs in auto mode for "
+            "the demo only and goes back to its own mode afterwards."
         )
         ok = asyncio.run(_story(config, lab, fault, status.ui_url))
     finally:

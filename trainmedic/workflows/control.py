@@ -101,13 +101,25 @@ class ControlWorkflow:
 
     @workflow.update
     def set_policy(self, request: SetPolicyRequest) -> ControlState:
+        """A new policy. The cluster's mode changes only when the policy's own default
+        mode was edited (an operator's explicit act); otherwise the mode set by an
+        operator or by the breaker stays as it is."""
         state = self.state
+        old_default = state.policy.mode.default
         state.policy = request.policy
+        reason = request.reason or f"policy {request.policy.version}"
+        if request.policy.mode.default is not old_default:
+            state.mode = request.policy.mode.default
+            reason += f"; default mode {old_default.value} -> {state.mode.value}"
+            if state.mode is not Mode.MONITOR:
+                state.breaker_tripped_at = None
+                state.breaker_reason = None
+            workflow.upsert_search_attributes([TM_MODE.value_set(state.mode.value)])
         state.changes.append(
             ModeChange(
                 mode=state.mode,
                 by=request.by,
-                reason=request.reason or f"policy {request.policy.version}",
+                reason=reason,
                 at=workflow.now(),
                 policy_version=request.policy.version,
             )
