@@ -18,7 +18,9 @@ from tests.integration.support import (
     wait_for,
     xid79,
 )
+from trainmedic.config import parse_policy
 from trainmedic.domain import Evidence, EvidenceSource, Mode, Outcome
+from trainmedic.domain.control import SetModeRequest, SetPolicyRequest
 from trainmedic.domain.incident import EffectStatus, IncidentSignal
 from trainmedic.lab import Lab
 from trainmedic.workflows.control import BREAKER, ControlWorkflow, control_workflow_id
@@ -117,3 +119,39 @@ async def test_restart_budget_stops_the_third_identical_failure(
     assert "restart budget spent" in results[2].summary
     assert results[2].effects[0].status is EffectStatus.BLOCKED
     assert job(clean_lab, job_id)["Restarts"] == "2"
+
+
+async def test_policy_changes_and_mode_changes_are_audited(
+    temporal_client: Client, controller: Worker
+) -> None:
+    cluster = unique_cluster("pol")
+    await start_control(temporal_client, cluster, "version: v1\nmode: {default: monitor}\n")
+    control = temporal_client.get_workflow_handle_for(
+        ControlWorkflow.run, control_workflow_id(cluster)
+    )
+
+    async def set_policy(text: str) -> Mode:
+        state = await control.execute_update(
+            ControlWorkflow.set_policy,
+            SetPolicyRequest(policy=parse_policy(text), by="ops", reason="rollout"),
+        )
+        return state.mode
+
+    # An edited default mode is an explicit choice: the cluster follows it.
+    assert await set_policy("version: v2\nmode: {default: approve}\n") is Mode.APPROVE
+    # An operator's own mode choice survives a policy change that leaves the default.
+    await control.execute_update(
+        ControlWorkflow.set_mode, SetModeRequest(mode=Mode.MONITOR, by="carol", reason="audit")
+    )
+    assert (
+        await set_policy("version: v3\nmode: {default: approve}\nrails: {restart_budget: 1}\n")
+        is Mode.MONITOR
+    )
+    state = await control.query(ControlWorkflow.current)
+    assert [(c.by, c.mode, c.policy_version) for c in state.changes] == [
+        ("trainmedic:start", Mode.MONITOR, "v1"),
+        ("ops", Mode.APPROVE, "v2"),
+        ("carol", Mode.MONITOR, "v2"),
+        ("ops", Mode.MONITOR, "v3"),
+    ]
+    assert state.policy.rails.restart_budget == 1
