@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -11,6 +12,7 @@ from typing import Protocol
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from trainmedic.adapters.nvml.protocol import NvmlBackend, RecoveryAction
 from trainmedic.adapters.slurm.errors import NoSuchNode, SlurmError
 from trainmedic.adapters.slurm.protocol import SlurmBackend
 from trainmedic.domain.slurm import EffectResult
@@ -28,10 +30,16 @@ class SlurmNodeHealth:
     its GPU device files exist as character devices (the lab's fake GPUs)."""
 
     def __init__(
-        self, backend: SlurmBackend, gpu_devices: Callable[[str], list[Path]] | None = None
+        self,
+        backend: SlurmBackend,
+        gpu_devices: Callable[[str], list[Path]] | None = None,
+        gpu_health: Callable[[str], NvmlBackend | None] | None = None,
     ) -> None:
         self._backend = backend
         self._gpu_devices = gpu_devices
+        # Where the controller can read a node's NVML (the lab's fake GPUs); on a real
+        # cluster that reading belongs to the node agent, so this stays None there.
+        self._gpu_health = gpu_health
 
     async def check(self, node: str) -> HealthResult:
         checks: dict[str, bool] = {}
@@ -55,6 +63,12 @@ class SlurmNodeHealth:
             checks["gpu_devices"] = bool(devices) and not missing
             if missing or not devices:
                 notes.append(f"GPU devices missing: {', '.join(map(str, missing)) or 'none found'}")
+        if self._gpu_health is not None:
+            nvml = self._gpu_health(node)
+            if nvml is not None:
+                bad = await asyncio.to_thread(unhealthy_gpus, nvml)
+                checks["gpus"] = not bad
+                notes.extend(bad)
         healthy = all(checks.values())
         return HealthResult(
             node=node,
@@ -63,6 +77,26 @@ class SlurmNodeHealth:
             detail="; ".join(notes) or f"ok ({info.state_text})",
             at=datetime.now(UTC),
         )
+
+
+def unhealthy_gpus(nvml: NvmlBackend) -> list[str]:
+    """What NVML says is wrong with this node's GPUs (empty: nothing)."""
+    problems: list[str] = []
+    nvml.init()
+    try:
+        for index in range(nvml.device_count()):
+            gpu = nvml.read(index)
+            if gpu.lost:
+                problems.append(f"gpu {index} lost (fallen off the bus)")
+            if gpu.ecc_uncorrectable_volatile:
+                problems.append(f"gpu {index} {gpu.ecc_uncorrectable_volatile} uncorrectable ECC")
+            if gpu.remapped_rows_failure:
+                problems.append(f"gpu {index} row remapping failed")
+            if gpu.recovery_action not in (None, RecoveryAction.NONE):
+                problems.append(f"gpu {index} driver asks for {gpu.recovery_action.value}")
+    finally:
+        nvml.shutdown()
+    return problems
 
 
 def _is_char_device(path: Path) -> bool:

@@ -53,10 +53,17 @@ def default_attributor() -> Attributor:
 
 
 def node_health(backend: SlurmBackend, lab: Lab | None) -> NodeHealth:
-    """Slurm's view of the node; in the lab also its fake GPU device files."""
+    """Slurm's view of the node; in the lab also its fake GPU devices and their NVML."""
     if lab is None:
         return SlurmNodeHealth(backend)
-    return SlurmNodeHealth(backend, lab_gpu_devices(lab.layout.gpu_dir))
+    from trainmedic.adapters.nvml.fake import FakeNvml
+    from trainmedic.lab.workload import nvml_state
+
+    return SlurmNodeHealth(
+        backend,
+        lab_gpu_devices(lab.layout.gpu_dir),
+        gpu_health=lambda node: FakeNvml.from_file(nvml_state(lab, node)),
+    )
 
 
 def build_activities(
