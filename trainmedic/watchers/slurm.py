@@ -406,7 +406,10 @@ class JsonSource:
 
     async def read(self) -> SlurmView:
         squeue, sinfo = await asyncio.gather(
-            self._json(["squeue", "--json"]), self._json(["sinfo", "--json"])
+            # --states=all: 24.11 applies squeue's default filter to --json and would hide
+            # the FAILED/NODE_FAIL jobs the diff exists to see (22.05 ignores it).
+            self._json(["squeue", "--json", "--states=all"]),
+            self._json(["sinfo", "--json"]),
         )
         return SlurmView(
             jobs=parse_squeue_lean(squeue), nodes=parse_sinfo_lean(sinfo), read_at=time.monotonic()
