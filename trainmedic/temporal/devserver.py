@@ -133,6 +133,13 @@ class DevServer:
             self._refuse_foreign_listener(self.port, "gRPC")
             self._refuse_foreign_listener(self.ui_port, "UI")
             pid = self._spawn()
+            try:
+                self._wait_serving(pid, timeout_s)
+            except ServiceError:
+                # One that never came up is not left behind to hold the ports.
+                procs.terminate(pid, timeout_s=5)
+                raise
+            return self.status()
         self._wait_serving(pid, timeout_s)
         return self.status()
 
