@@ -66,6 +66,23 @@ def terminate(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """Wait until a process has fully exited: reaped if it is our child, else gone from
+    /proc. A zombie leader can outlive its threads' sockets by a moment, so "not alive"
+    is not enough before reusing its ports."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return True
+        except ChildProcessError:  # not our child: watch /proc instead
+            if not Path(f"/proc/{pid}").exists():
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)

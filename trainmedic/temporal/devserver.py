@@ -144,15 +144,20 @@ class DevServer:
         return self.status()
 
     def _refuse_foreign_listener(self, port: int, what: str) -> None:
-        if not procs.port_in_use(HOST, port):
-            return
-        holder = procs.listener_of(port)
-        who = f"pid {holder[0]} ({' '.join(holder[1])[:120]})" if holder else "another process"
-        raise ServiceError(
-            f"port {port} ({what}) on {HOST} is held by {who}, not by trainmedic's dev server. "
-            "Stop it, or choose other ports (TRAINMEDIC_TEMPORAL_ADDRESS, "
-            "TRAINMEDIC_TEMPORAL_UI_PORT)."
-        )
+        # A server that just died can hold its socket for a moment while its last
+        # threads exit; a port whose holder cannot be found gets that moment.
+        deadline = time.monotonic() + 3.0
+        while procs.port_in_use(HOST, port):
+            holder = procs.listener_of(port)
+            if holder is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            who = f"pid {holder[0]} ({' '.join(holder[1])[:120]})" if holder else "another process"
+            raise ServiceError(
+                f"port {port} ({what}) on {HOST} is held by {who}, not by trainmedic's dev "
+                "server. Stop it, or choose other ports (TRAINMEDIC_TEMPORAL_ADDRESS, "
+                "TRAINMEDIC_TEMPORAL_UI_PORT)."
+            )
 
     def _spawn(self) -> int:
         argv = self.argv()
@@ -223,12 +228,7 @@ class DevServer:
         pid = self.pid()
         if pid is not None:
             os.kill(pid, 9)
-            for _ in range(200):
-                with contextlib.suppress(ChildProcessError, OSError):
-                    os.waitpid(pid, os.WNOHANG)
-                if not procs.is_alive(pid):
-                    break
-                time.sleep(0.05)
+            procs.wait_gone(pid, timeout_s=10)
 
     def log_tail(self, lines: int = 15) -> str:
         try:
