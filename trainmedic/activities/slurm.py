@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from trainmedic.activities.errors import slurm_call
 from trainmedic.adapters.slurm.errors import NoSuchJob, NoSuchNode, SlurmError
@@ -83,8 +84,7 @@ class SlurmActivities:
                 return await self._cancel(effect)
 
     async def _drain(self, effect: PlannedEffect) -> EffectOutcome:
-        assert effect.node is not None
-        node = await slurm_call(self._slurm.get_node(effect.node))
+        node = await slurm_call(self._slurm.get_node(_target(effect.node, effect)))
         if node.drain_flag and not is_ours(node.reason):
             return EffectOutcome(
                 status=EffectStatus.SKIPPED,
@@ -119,8 +119,7 @@ class SlurmActivities:
             return []
 
     async def _requeue(self, incident_id: str, effect: PlannedEffect) -> EffectOutcome:
-        assert effect.job_id is not None
-        job = await slurm_call(self._slurm.get_job(effect.job_id))
+        job = await slurm_call(self._slurm.get_job(_target(effect.job_id, effect)))
         excluded = set(effect.exclude)
         if effect.seen_restarts is not None and job.restarts > effect.seen_restarts:
             on_bad = excluded & set(job.nodes)
@@ -157,8 +156,7 @@ class SlurmActivities:
         )
 
     async def _cancel(self, effect: PlannedEffect) -> EffectOutcome:
-        assert effect.job_id is not None
-        job = await slurm_call(self._slurm.get_job(effect.job_id))
+        job = await slurm_call(self._slurm.get_job(_target(effect.job_id, effect)))
         results = await self._annotate(job, effect.reason.split(":")[0], effect.reason)
         result = await slurm_call(self._slurm.cancel(job.job_id))
         results.append(result)
@@ -235,6 +233,17 @@ class SlurmActivities:
             )
             parts.append(f"node {name} {node.state_text}{mine}")
         return ConsistencyReport(summary="; ".join(parts) or "nothing to check", results=results)
+
+
+def _target(value: str | None, effect: PlannedEffect) -> str:
+    """The node or job an effect names; an effect without one is a bug, not a retry."""
+    if not value:
+        raise ApplicationError(
+            f"effect {effect.id} ({effect.kind.value}) names no target",
+            type="MalformedEffect",
+            non_retryable=True,
+        )
+    return value
 
 
 def _is_missing(error: BaseException) -> bool:
