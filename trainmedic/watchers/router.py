@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -323,12 +322,12 @@ def build_slurm_detection(
 
 
 def local_runner(settings: Settings) -> CommandRunner | None:
-    """The runner for the JSON fast path, when Slurm is local (as workers/controller.py)."""
+    """Slurm's commands on this host, pointed at the configured slurm.conf (the runner
+    under both the controller's SlurmBackend and the watcher's JSON fast path); None
+    where Slurm is reached another way."""
     if settings.slurm_access != "local":
         return None
-    env = dict(os.environ)
-    if settings.slurm_conf:
-        env["SLURM_CONF"] = str(settings.slurm_conf)
+    env = {"SLURM_CONF": str(settings.slurm_conf)} if settings.slurm_conf else {}
     return LocalRunner(env=env, bin_dir=settings.slurm_bin_dir)
 
 

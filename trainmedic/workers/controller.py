@@ -22,11 +22,12 @@ from trainmedic.activities.quarantine import (
     lab_gpu_devices,
 )
 from trainmedic.activities.slurm import SlurmActivities
-from trainmedic.adapters.slurm import LocalRunner, SlurmBackend, SlurmCli
+from trainmedic.adapters.slurm import SlurmBackend, SlurmCli
 from trainmedic.config import Policy, Settings
 from trainmedic.domain.control import SetPolicyRequest
 from trainmedic.lab import Lab
 from trainmedic.temporal.client import require_search_attributes
+from trainmedic.watchers.router import local_runner
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
 from trainmedic.workflows.quarantine import NodeQuarantineWorkflow
 from trainmedic.workflows.recovery import RecoveryWorkflow
@@ -37,12 +38,9 @@ WORKFLOWS: Sequence[type] = (RecoveryWorkflow, ControlWorkflow, NodeQuarantineWo
 
 
 def slurm_backend(settings: Settings) -> SlurmBackend:
-    if settings.slurm_access == "ssh":
+    runner = local_runner(settings)
+    if runner is None:
         raise NotImplementedError("ssh access to Slurm is not built yet; use slurm_access=local")
-    env = dict(os.environ)
-    if settings.slurm_conf:
-        env["SLURM_CONF"] = str(settings.slurm_conf)
-    runner = LocalRunner(env=env, bin_dir=settings.slurm_bin_dir)
     return SlurmCli(runner, timeout=settings.slurm_command_timeout.total_seconds())
 
 
