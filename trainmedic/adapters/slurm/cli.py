@@ -263,33 +263,26 @@ class SlurmCli:
         )
 
     async def hold(self, job_id: str) -> EffectResult:
-        job_id = validate_job_id(job_id)
-        job = await self.get_job(job_id)
-        before = self._job_state(job)
-        if job.is_held:
-            return EffectResult(changed=False, detail=f"job {job_id} already held", before=before)
-        argv = ["scontrol", "hold", job_id]
-        await self._run(argv)
-        return EffectResult(
-            command=argv,
-            changed=True,
-            detail=f"job {job_id} held",
-            before=before,
-            after=await self._after(job_id),
-        )
+        return await self._set_held(job_id, held=True)
 
     async def release(self, job_id: str) -> EffectResult:
+        return await self._set_held(job_id, held=False)
+
+    async def _set_held(self, job_id: str, *, held: bool) -> EffectResult:
+        """`scontrol hold` / `release`, only when the job is not already that way."""
         job_id = validate_job_id(job_id)
         job = await self.get_job(job_id)
         before = self._job_state(job)
-        if not job.is_held:
-            return EffectResult(changed=False, detail=f"job {job_id} is not held", before=before)
-        argv = ["scontrol", "release", job_id]
+        if job.is_held == held:
+            already = "already held" if held else "is not held"
+            return EffectResult(changed=False, detail=f"job {job_id} {already}", before=before)
+        verb = "hold" if held else "release"
+        argv = ["scontrol", verb, job_id]
         await self._run(argv)
         return EffectResult(
             command=argv,
             changed=True,
-            detail=f"job {job_id} released",
+            detail=f"job {job_id} {'held' if held else 'released'}",
             before=before,
             after=await self._after(job_id),
         )
