@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import shutil
 import signal
 import statistics
@@ -35,6 +34,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _common import (  # noqa: E402
+    exit_code,
+    pct,
+    say,
+    sigterm_as_interrupt,
+    wait_lab_idle,
+)
 from temporalio.client import Client  # noqa: E402
 
 from trainmedic import procs  # noqa: E402
@@ -66,21 +72,6 @@ rails: {max_isolated_fraction: 1.0, isolation_window: 1s, max_drains_per_hour: 1
 verify: {timeout: 60s, poll_interval: 1s}
 """
 LAB_NODES = 4
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """Percentile with linear interpolation (q in 0..100)."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def job_info(lab: Lab, job_id: str) -> dict[str, str]:
@@ -197,18 +188,6 @@ async def one_incident(client: Client, lab: Lab, index: int) -> dict[str, float]
     return figures
 
 
-async def wait_lab_idle(lab: Lab, timeout: float = 60) -> None:
-    """Every node back to IDLE (the resumed node and the cancelled job's nodes)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = lab.run_client(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
-        states = [line.split()[1] for line in out.splitlines() if line.strip()]
-        if len(states) >= LAB_NODES and all(s == "idle" for s in states):
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError("the lab's nodes did not all return to IDLE")
-
-
 class Progress:
     """What the bench thread hands the main thread."""
 
@@ -233,7 +212,7 @@ async def bench(server: DevServer, lab: Lab, state: Path, n: int, progress: Prog
         try:
             await ensure_control(client, CLUSTER, policy, TASK_QUEUE)
             for index in range(n):
-                await wait_lab_idle(lab)
+                await wait_lab_idle(lab, LAB_NODES, 60)
                 try:
                     progress.runs.append(await one_incident(client, lab, index))
                 except (RuntimeError, TimeoutError) as error:
@@ -281,10 +260,6 @@ def summary(
     return out
 
 
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # the same clean-up path as Ctrl-C
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 incidents, under a minute")
@@ -292,7 +267,7 @@ def main() -> int:
     args = parser.parse_args()
     n = args.n or (5 if args.quick else 20)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
 
     tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
     server = DevServer(tmp / "temporal", port=procs.free_port(), ui_port=procs.free_port())
@@ -326,7 +301,7 @@ def main() -> int:
     if progress.error is not None and code != 130:
         say(f"failed after {len(progress.runs)} incidents: {progress.error!r}")
     if code != 0 or not progress.runs:
-        return _exit(code or 1, runner)
+        return exit_code(code or 1, runner)
     runs = progress.runs
     figures = summary(runs, len(progress.failures), args.quick, time.monotonic() - began)
     say(
@@ -341,17 +316,7 @@ def main() -> int:
         "GPUs, node reboots or checkpoint loads, so this is the controller's share only)"
     )
     print(json.dumps(figures), flush=True)
-    return _exit(0, runner)
-
-
-def _exit(code: int, runner: threading.Thread) -> int:
-    if runner.is_alive():
-        # The worker did not shut down (its threads would keep the interpreter alive);
-        # everything it used is already stopped and removed.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return exit_code(0, runner)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _common import (  # noqa: E402
+    exit_code,
+    pct,
+    say,
+    sigterm_as_interrupt,
+    wait_lab_idle,
+)
 from temporalio.client import Client  # noqa: E402
 
 from trainmedic import procs  # noqa: E402
@@ -106,21 +113,6 @@ mode: {{default: monitor}}
 detect: {{settle: {SETTLE_S:g}s}}
 """
 LOG_SOURCED = {"xid79", "ecc", "nccl-cascade", "cuda-oom", "user-exception", "hang", "host-oom"}
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """Percentile with linear interpolation (q in 0..100)."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def key(fault: str) -> str:
@@ -209,18 +201,6 @@ class Run:
         self.slurmd_timeout_s: float | None = None
         self.error: BaseException | None = None
         self.finished = threading.Event()
-
-
-async def wait_lab_idle(lab: Lab, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = lab.run_client(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
-        states = [line.split()[1] for line in out.splitlines() if line.strip()]
-        jobs = lab.run_client(["squeue", "-h", "-o", "%i"], check=False).stdout.strip()
-        if len(states) >= LAB_NODES and all(s == "idle" for s in states) and not jobs:
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError("the lab's nodes did not all return to IDLE")
 
 
 async def until(probe: Any, what: str, timeout: float, every: float = 0.1) -> Any:
@@ -393,7 +373,7 @@ async def bench(
             task = asyncio.create_task(detection.run(stop))
             for index, fault in enumerate(plan):
                 try:
-                    await wait_lab_idle(lab)
+                    await wait_lab_idle(lab, LAB_NODES, 30, no_jobs=True)
                 except TimeoutError:
                     await asyncio.to_thread(lab.reset)
                 try:
@@ -541,10 +521,6 @@ def report(figures: dict[str, Any], faults: list[str]) -> None:
     say(f"published anchor: mean time to detect {ANCHOR_MTTD_S:.0f} s")
 
 
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # the same clean-up path as Ctrl-C
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"1 each of {QUICK_FAULTS}")
@@ -577,7 +553,7 @@ def main() -> int:
     # are minutes apart, not several within the router's 60-s storm window.
     plan = [fault for _ in range(per_fault) for fault in faults]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
 
     tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
     server = DevServer(tmp / "temporal", port=procs.free_port(), ui_port=procs.free_port())
@@ -615,23 +591,13 @@ def main() -> int:
     if run.error is not None and code != 130:
         say(f"failed after {len(run.samples)} injections: {run.error!r}")
     if code != 0 or not run.samples:
-        return _exit(code or 1, runner)
+        return exit_code(code or 1, runner)
     figures = summary(run, faults, args, time.monotonic() - began)
     report(figures, faults)
     if run.failures:
         say(f"{len(run.failures)} injection(s) failed: {run.failures}")
     print(json.dumps(figures), flush=True)
-    return _exit(0, runner)
-
-
-def _exit(code: int, runner: threading.Thread) -> int:
-    if runner.is_alive():
-        # The worker did not shut down (its threads would keep the interpreter alive);
-        # everything it used is already stopped and removed.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return exit_code(0, runner)
 
 
 if __name__ == "__main__":
