@@ -26,14 +26,22 @@ T = TypeVar("T")
 TASK_QUEUE = "trainmedic-it"
 
 
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 90.0) -> T:
+def wait_for(
+    probe: Callable[[], T | None],
+    what: str,
+    timeout: float = 90.0,
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Poll until probe returns something truthy; fail naming what never happened (and,
+    with `explain`, what the world looked like then)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+            context = f"\n{explain()}" if explain else ""
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}{context}")
         time.sleep(0.3)
 
 
@@ -66,11 +74,11 @@ def running_on(lab: Lab, job_id: str) -> list[str] | None:
     return expand(info["NodeList"])
 
 
-def submit(lab: Lab, nodes: int = 2, *extra: str) -> str:
+def submit(lab: Lab, nodes: int = 2, *extra: str, body: str = "srun sleep 600") -> str:
     jobs = lab.layout.jobs
     jobs.mkdir(parents=True, exist_ok=True)
     script = jobs / f"train-{uuid.uuid4().hex[:6]}.sh"
-    script.write_text("#!/bin/bash\nsrun sleep 600\n")
+    script.write_text(f"#!/bin/bash\n{body}\n")
     out = lab.run_client(
         [
             "sbatch",

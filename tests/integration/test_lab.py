@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from tests.fixtures.lab import LAB_GPUS, LAB_NODES, lab_unavailable_reason, private_root
+from tests.integration.support import wait_for
 from trainmedic.domain.hostlist import expand
 from trainmedic.errors import MissingDependencyError
 from trainmedic.lab import Lab, LabError, LabSpec, find_free_port_base, procs
@@ -18,26 +18,6 @@ from trainmedic.lab.lab import parse_scontrol_records
 from trainmedic.lab.layout import LabLayout, render_gres_conf, render_slurm_conf
 
 pytestmark = pytest.mark.integration
-
-T = TypeVar("T")
-
-
-def wait_for(
-    probe: Callable[[], T | None],
-    what: str,
-    timeout: float = 90.0,
-    explain: Callable[[], str] | None = None,
-) -> T:
-    """Poll until probe returns something truthy; fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            context = f"\n{explain()}" if explain else ""
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}{context}")
-        time.sleep(0.5)
 
 
 def explain_job(lab: Lab, job: str) -> Callable[[], str]:

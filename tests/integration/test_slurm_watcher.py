@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -11,7 +10,7 @@ from datetime import timedelta
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
-from tests.integration.support import async_wait_for, running_on, unique_cluster, wait_for
+from tests.integration.support import async_wait_for, running_on, submit, unique_cluster, wait_for
 from trainmedic.activities.quarantine import QuarantineActivities, SlurmNodeHealth
 from trainmedic.adapters.slurm import LocalRunner, SlurmCli
 from trainmedic.domain.incident import IncidentSignal
@@ -20,28 +19,6 @@ from trainmedic.watchers.base import ListSink
 from trainmedic.watchers.router import IncidentRouter
 from trainmedic.watchers.slurm import JsonSource, SlurmWatcher
 from trainmedic.workflows.quarantine import NodeQuarantineWorkflow
-
-
-def submit_script(lab: Lab, body: str, *extra: str) -> str:
-    jobs = lab.layout.jobs
-    jobs.mkdir(parents=True, exist_ok=True)
-    script = jobs / f"sw-{uuid.uuid4().hex[:6]}.sh"
-    script.write_text(f"#!/bin/bash\n{body}\n")
-    out = lab.run_client(
-        [
-            "sbatch",
-            "--parsable",
-            "-N",
-            "1",
-            "-D",
-            str(jobs),
-            "-o",
-            f"{jobs}/%j.out",
-            *extra,
-            str(script),
-        ]
-    ).stdout
-    return out.strip().split(";")[0]
 
 
 @asynccontextmanager
@@ -71,7 +48,7 @@ def find(sink: ListSink, kind: str, job_id: str | None) -> list[IncidentSignal]:
 async def test_failed_job_is_noticed(clean_lab: Lab) -> None:
     sink = ListSink()
     async with watching(clean_lab, sink):
-        job_id = submit_script(clean_lab, "sleep 2\nexit 3")
+        job_id = submit(clean_lab, 1, body="sleep 2\nexit 3")
         found = await async_wait_for(
             lambda: find(sink, "job_failed", job_id), f"job_failed for {job_id}", timeout=60
         )
@@ -96,7 +73,7 @@ async def test_node_death_gives_a_signal_per_job_and_one_quarantine(
     clean_lab: Lab, temporal_client: Client
 ) -> None:
     node = "gpu02"
-    jobs = [submit_script(clean_lab, "srun sleep 600", "-w", node) for _ in range(2)]
+    jobs = [submit(clean_lab, 1, "-w", node) for _ in range(2)]
     for job_id in jobs:
         wait_for(lambda job_id=job_id: running_on(clean_lab, job_id), f"job {job_id} to run")
     cluster = unique_cluster("sw")
