@@ -18,9 +18,9 @@ from tests.integration.support import (
     TASK_QUEUE,
     async_wait_for,
     start_control,
+    submit,
     unique_cluster,
 )
-from tests.integration.test_slurm_watcher import submit_script
 from trainmedic.activities.quarantine import QuarantineActivities, SlurmNodeHealth, lab_gpu_devices
 from trainmedic.adapters.slurm import LocalRunner, SlurmCli
 from trainmedic.config import Settings
@@ -67,7 +67,7 @@ async def test_epilog_poll_and_duplicate_make_one_incident(
     stop = asyncio.Event()
     task = asyncio.create_task(detection.run(stop))
     try:
-        job_id = submit_script(clean_lab, "sleep 2\nexit 3")
+        job_id = submit(clean_lab, 1, body="sleep 2\nexit 3")
         incident = f"incident-{cluster}-{job_id}-1"
         # What Slurm's EpilogSlurmctld would run at the job's end.
         env = {
