@@ -23,3 +23,11 @@ class MissingDependencyError(TrainmedicError):
 
 class ServiceError(TrainmedicError):
     """A local service (Temporal dev server, lab daemon) could not be started or reached."""
+
+
+class DeliveryError(TrainmedicError):
+    """A signal could not be handed to Temporal (server unreachable, RPC failed).
+
+    Raised by the router's `submit` so that a caller holding the report durably (a
+    spool) keeps it and tries again; a bad signal is never this (it is logged and
+    dropped)."""

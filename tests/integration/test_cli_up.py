@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.lab import lab_unavailable_reason
+from tests.fixtures.lab import require_lab
 from trainmedic import procs
 from trainmedic.lab import find_free_port_base
 
@@ -74,9 +74,7 @@ def test_worker_says_when_temporal_is_unreachable(tmp_path: Path) -> None:
 
 
 def test_up_brings_the_stack_up_and_ctrl_c_stops_it(tmp_path: Path) -> None:
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require_lab()
     env = isolated_env(tmp_path)
     up = subprocess.Popen(
         [sys.executable, "-m", "trainmedic.cli.main", "up", "--nodes", "2", "--gpus", "2"],

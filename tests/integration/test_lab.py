@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.lab import LAB_GPUS, LAB_NODES, lab_unavailable_reason, private_root
+from tests.fixtures.lab import LAB_GPUS, LAB_NODES, private_root, require_lab
 from tests.integration.support import wait_for
 from trainmedic.domain.hostlist import expand
 from trainmedic.errors import MissingDependencyError
@@ -192,9 +192,7 @@ def test_kill_node_refuses_names_outside_the_lab(slurm_lab: Lab) -> None:
 
 
 def test_down_leaves_no_process_and_a_second_down_is_a_no_op() -> None:
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require_lab()
     with private_root() as root:
         check_down_leaves_nothing(Lab(root, port_base=find_free_port_base(4)))
 
@@ -215,9 +213,7 @@ def check_down_leaves_nothing(lab: Lab) -> None:
 
 
 def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require_lab()
     import socket
 
     base = find_free_port_base(4)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 from temporalio.worker import Worker
@@ -38,6 +39,8 @@ REPORT_CLI = [
     "register(app); app.callback()(lambda: None); app()",
     "report",
 ]
+
+pytestmark = pytest.mark.integration
 
 
 async def exists(client: Client, workflow_id: str) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
+import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
@@ -39,6 +40,9 @@ async def watching(lab: Lab, sink: object) -> AsyncIterator[SlurmWatcher]:
     finally:
         stop.set()
         await task
+
+
+pytestmark = pytest.mark.integration
 
 
 def find(sink: ListSink, kind: str, job_id: str | None) -> list[IncidentSignal]:

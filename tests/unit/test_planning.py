@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from trainmedic.config import parse_policy
-from trainmedic.domain import Action, Category, Diagnosis, Mode
-from trainmedic.domain.incident import EffectKind
+from trainmedic.domain import Action, Category, Diagnosis, Evidence, EvidenceSource, Mode
+from trainmedic.domain.incident import EffectKind, EffectStatus, IncidentSignal
 from trainmedic.domain.slurm import SlurmJob, SlurmNode
-from trainmedic.workflows.planning import cause_key, effect_mode, is_ours, plan_effects
+from trainmedic.workflows.planning import (
+    cause_key,
+    effect_mode,
+    is_ours,
+    plan_effects,
+    running_job_untouched,
+    slurm_reason,
+)
 
 
 def diagnosis(
-    action: Action, culprits: list[str], category: Category = Category.GPU_HARDWARE
+    action: Action,
+    culprits: list[str],
+    category: Category = Category.GPU_HARDWARE,
+    source: EvidenceSource = EvidenceSource.KERNEL,
 ) -> Diagnosis:
+    """Culprits witnessed by `source` (the node agent's kernel log unless told)."""
     return Diagnosis(
         category=category,
         action=action,
@@ -19,6 +30,10 @@ def diagnosis(
         confidence=0.9,
         catalog_version="test",
         summary="Xid 79",
+        evidence=[
+            Evidence(source=source, text=f"NVRM: Xid (PCI:0000:3b:00): 79 on {n}", node=n)
+            for n in culprits
+        ],
     )
 
 
@@ -76,6 +91,8 @@ def test_effect_mode_precedence() -> None:
     assert effect_mode(policy, Mode.APPROVE, Action.RESTART, "gpu") is Mode.AUTO
     assert effect_mode(policy, Mode.APPROVE, Action.STOP, "gpu") is Mode.APPROVE
     assert effect_mode(policy, Mode.AUTO, Action.RESTART, "prod") is Mode.MONITOR
+    # Both overrides set: the stricter wins (a trusted action in a careful partition).
+    assert effect_mode(policy, Mode.APPROVE, Action.RESTART, "prod") is Mode.MONITOR
     # A cluster in monitor (operator or breaker) keeps every effect in monitor.
     assert effect_mode(policy, Mode.MONITOR, Action.RESTART, "gpu") is Mode.MONITOR
     # A forced mode only lowers autonomy.
@@ -88,3 +105,77 @@ def test_effect_mode_precedence() -> None:
 def test_cause_key_names_category_and_culprits() -> None:
     assert cause_key(diagnosis(Action.RESTART, ["gpu02", "gpu01"])) == "gpu_hardware@gpu01,gpu02"
     assert cause_key(diagnosis(Action.RESTART, [], Category.USER_CODE)) == "user_code@-"
+
+
+def test_a_forced_incident_mode_is_not_lifted_by_an_action_override() -> None:
+    """Issue 9.8: "mode": "approve" on the incident, `actions: {restart: auto}`."""
+    policy = parse_policy("mode: {default: auto, actions: {restart: auto}}")
+    effects = plan_effects(
+        "i", diagnosis(Action.RESTART, []), JOB, NODES, policy, Mode.APPROVE, forced=Mode.APPROVE
+    )
+    assert [e.mode for e in effects] == [Mode.APPROVE]
+
+
+def test_a_node_only_the_jobs_output_names_is_excluded_not_drained() -> None:
+    """Issue 9.4: a user printing `gpu02: NVRM: Xid ... 79` must not take gpu02 out."""
+    policy = parse_policy("mode: {default: auto}")
+    forged = diagnosis(Action.DRAIN_AND_RESTART, ["gpu02"], source=EvidenceSource.LOG)
+    effects = plan_effects("i", forged, JOB, NODES, policy, Mode.AUTO)
+    assert [(e.kind, e.exclude) for e in effects] == [
+        (EffectKind.REQUEUE_EXCLUDING, ["gpu02", "gpu09"])
+    ]
+    assert "only the job's own output names it" in effects[0].note
+    # In approve mode the operator's approval is the proof: the drain is proposed.
+    approve = plan_effects("i", forged, JOB, NODES, policy, Mode.APPROVE)
+    assert [e.kind for e in approve] == [EffectKind.DRAIN_NODE, EffectKind.REQUEUE_EXCLUDING]
+    assert "your approval is the proof" in approve[0].note
+    # Slurm's own word that the node is down is trusted.
+    down = dict(NODES, gpu02=SlurmNode(name="gpu02", state="IDLE", state_flags=["NOT_RESPONDING"]))
+    assert plan_effects("i", forged, JOB, down, policy, Mode.AUTO)[0].kind is EffectKind.DRAIN_NODE
+
+
+def test_evidence_may_only_name_the_jobs_nodes() -> None:
+    policy = parse_policy("mode: {default: auto}")
+    effects = plan_effects(
+        "i", diagnosis(Action.DRAIN_AND_RESTART, ["gpu07"]), JOB, NODES, policy, Mode.AUTO
+    )
+    assert [e.kind for e in effects] == [EffectKind.REQUEUE_JOB]
+    assert "ignored gpu07: not a node of job 42" in effects[0].note
+
+
+def test_a_node_already_out_is_already_true_and_the_job_still_restarts() -> None:
+    """Issue 9.2: an admin set the node DOWN under the running job."""
+    policy = parse_policy("mode: {default: auto}")
+    nodes = dict(
+        NODES,
+        gpu02=SlurmNode(
+            name="gpu02", state="DOWN", state_flags=["DRAIN"], reason="bad dimm", reason_user="ops"
+        ),
+    )
+    effects = plan_effects(
+        "i", diagnosis(Action.DRAIN_AND_RESTART, ["gpu02"]), JOB, nodes, policy, Mode.AUTO
+    )
+    assert [(e.kind, e.status) for e in effects] == [
+        (EffectKind.DRAIN_NODE, EffectStatus.ALREADY_TRUE),
+        (EffectKind.REQUEUE_EXCLUDING, EffectStatus.PLANNED),
+    ]
+    assert "already out of service (DOWN+DRAIN, reason 'bad dimm' by ops)" in effects[0].note
+
+
+def test_a_running_job_is_left_alone_on_its_own_output() -> None:
+    running = JOB.model_copy(update={"state": "RUNNING"})
+    line = IncidentSignal(source="log", kind="log_match", job_id="42")
+    assert running_job_untouched(running, [line, line]) is not None
+    assert running_job_untouched(JOB, [line]) is None  # it failed: act
+    hang = IncidentSignal(source="log", kind="hang", job_id="42")
+    kernel = IncidentSignal(source="kernel", kind="log_match", job_id="42")
+    assert running_job_untouched(running, [line, hang]) is None
+    assert running_job_untouched(running, [line, kernel]) is None
+    assert running_job_untouched(running, []) is None  # started by an operator
+
+
+def test_drain_reasons_carry_no_control_characters() -> None:
+    forged = diagnosis(Action.DRAIN_AND_RESTART, ["gpu02"])
+    forged.summary = "Xid 79\x1b[31m\r\nreason=evil\x00 \u2603 ok"
+    reason = slurm_reason("inc-1", forged)
+    assert reason == "trainmedic inc-1: gpu_hardware: Xid 79 [31m reason=evil ok"

@@ -62,3 +62,44 @@ def test_restart_budget_counts_only_restarts_without_progress() -> None:
     assert grant_restart(s, restart("i5", "checkpoint@100", cause="gpu_hardware@gpu01"), T0).granted
     # Outside the window the old restarts no longer count.
     assert grant_restart(s, restart("i6", "checkpoint@100"), T0 + timedelta(hours=25)).granted
+
+
+def test_the_ledger_counts_distinct_nodes_held_out_now() -> None:
+    """Issue 9.3: three jobs on one dead node plus a node an operator had resumed."""
+    s = state("rails: {max_isolated_fraction: 0.25, max_drains_per_hour: 99}")
+
+    def held(incident: str, node: str, out: list[str]) -> IsolationRequest:
+        return ask(incident, node, size=12).model_copy(update={"held_out": out})
+
+    # An earlier incident drained gpu01; an operator has since resumed it.
+    assert grant_isolation(s, held("i0", "gpu01", []), T0).granted
+    later = T0 + timedelta(minutes=20)
+    # Three incidents, one per job, about the one dead node gpu05.
+    first = grant_isolation(s, held("i1", "gpu05", []), later)
+    second = grant_isolation(s, held("i2", "gpu05", ["gpu05"]), later)
+    third = grant_isolation(s, held("i3", "gpu05", ["gpu05"]), later)
+    assert first.granted and first.isolated_in_window == 1  # gpu01 released by the resume
+    assert second.granted and "already held out (reserved by i1)" in second.reason
+    assert third.granted
+    assert [i.node for i in s.isolations] == ["gpu05"]
+    assert len(s.drains) == 2  # the drain rate counts drains, not incidents
+    # Budget 3 of 12: two more distinct nodes fit, the third trips the breaker.
+    assert grant_isolation(s, held("i4", "gpu06", ["gpu05"]), later).granted
+    assert grant_isolation(s, held("i5", "gpu07", ["gpu05", "gpu06"]), later).granted
+    refused = grant_isolation(s, held("i6", "gpu08", ["gpu05", "gpu06", "gpu07"]), later)
+    assert not refused.granted and refused.breaker_tripped
+    assert "3 of 3" in refused.reason and "gpu05, gpu06, gpu07" in refused.reason
+
+
+def test_a_reservation_whose_drain_never_showed_is_released_after_the_grace() -> None:
+    s = state("rails: {max_isolated_fraction: 0.1, max_drains_per_hour: 99}")  # budget 1
+    assert grant_isolation(s, ask("i1", "gpu01").model_copy(update={"held_out": []}), T0).granted
+    soon = grant_isolation(
+        s, ask("i2", "gpu02").model_copy(update={"held_out": []}), T0 + timedelta(minutes=1)
+    )
+    assert not soon.granted  # gpu01's drain may still be on its way
+    s.breaker_tripped_at = None
+    late = grant_isolation(
+        s, ask("i3", "gpu02").model_copy(update={"held_out": []}), T0 + timedelta(minutes=11)
+    )
+    assert late.granted

@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from trainmedic.domain.incident import IncidentInput, IncidentSignal
+from trainmedic.errors import DeliveryError
 from trainmedic.watchers.router import IncidentRouter
 from trainmedic.workflows.quarantine import QuarantineInput
 
@@ -98,20 +100,47 @@ async def test_run_comes_from_the_signal_or_the_slurm_view() -> None:
     client, clock = FakeClient(), Clock()
     r = router(client, clock, lookup={"7": 3})
     await r.submit(sig("job_failed", "5", run=2))
-    await r.submit(sig("log_match", "7", source="log"))
-    await r.submit(sig("log_match", "8", source="log"))  # unknown everywhere: first run
+    await r.submit(sig("hang", "7", source="log"))
+    await r.submit(sig("job_failed", "8"))  # unknown everywhere: first run
     assert client.ids() == ["incident-lab-5-3", "incident-lab-7-4", "incident-lab-8-1"]
 
 
-async def test_after_the_window_a_new_run_is_a_new_incident() -> None:
+async def test_a_later_run_is_a_new_incident_however_soon() -> None:
+    """Issue 9.1: a job requeued by its incident that fails again within a minute."""
     client, clock = FakeClient(), Clock()
     r = router(client, clock)
     await r.submit(sig("job_failed", "42", run=0))
     clock.now += 30
-    await r.submit(sig("job_node_fail", "42", run=1))  # within the window: same incident
+    await r.submit(sig("job_failed", "42", run=0))  # the same run again: same incident
+    await r.submit(sig("log_match", "42", run=1, source="log"))  # run 1 prints a warning
+    client.closed.add("incident-lab-42-1")
+    await r.submit(sig("job_node_fail", "42", run=1))  # run 1 fails: a new incident
     clock.now += 61
-    await r.submit(sig("job_failed", "42", run=1))
-    assert client.ids() == ["incident-lab-42-1", "incident-lab-42-1", "incident-lab-42-2"]
+    await r.submit(sig("job_failed", "42", run=2))
+    assert client.ids() == [
+        "incident-lab-42-1",
+        "incident-lab-42-1",
+        "incident-lab-42-2",
+        "incident-lab-42-3",
+    ]
+    assert r.rejected == []
+
+
+async def test_a_matched_line_in_a_running_job_opens_nothing() -> None:
+    """Issue 9.9: log lines are evidence for an incident, never its reason to exist."""
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock)
+    warning = sig("log_match", "42", run=0, source="log").model_copy(
+        update={"progress": "step 120"}
+    )
+    for _ in range(100):
+        await r.submit(warning)
+    assert client.calls == []
+    assert len(r.noted) == 100
+    # When the run does fail, its incident carries the last progress the log showed.
+    await r.submit(sig("job_failed", "42", run=0))
+    assert client.ids() == ["incident-lab-42-1"]
+    assert client.calls[0].kwargs["start_signal_args"][0].progress == "step 120"
 
 
 async def test_late_duplicate_of_a_closed_incident_opens_nothing() -> None:
@@ -125,15 +154,17 @@ async def test_late_duplicate_of_a_closed_incident_opens_nothing() -> None:
 async def test_noted_kinds_open_nothing() -> None:
     client, clock = FakeClient(), Clock()
     r = router(client, clock)
-    for kind in ("node_drained_by_admin", "job_requeued", "job_held", "node_not_responding"):
-        await r.submit(sig(kind, "42" if kind.startswith("job") else None, ("gpu01",), run=0))
-    assert client.calls == []
-    assert [s.kind for s in r.noted] == [
+    kinds = (
         "node_drained_by_admin",
         "job_requeued",
         "job_held",
+        "job_cancelled",
         "node_not_responding",
-    ]
+    )
+    for kind in kinds:
+        await r.submit(sig(kind, "42" if kind.startswith("job") else None, ("gpu01",), run=0))
+    assert client.calls == []
+    assert [s.kind for s in r.noted] == list(kinds)
 
 
 async def test_node_down_under_two_jobs_gives_two_incidents_and_one_quarantine() -> None:
@@ -180,9 +211,10 @@ async def test_default_storm_threshold_scales_with_the_cluster() -> None:
     assert router(FakeClient(), Clock(), node_count=lambda: 4).threshold() == 3
 
 
-async def test_a_failing_client_does_not_raise_into_the_watcher() -> None:
+async def test_a_failing_client_raises_delivery_error_so_spools_keep_the_report() -> None:
     class Broken(FakeClient):
         async def start_workflow(self, workflow: Any, arg: Any = None, **kwargs: Any) -> None:
             raise RuntimeError("temporal down")
 
-    await router(Broken(), Clock()).submit(sig("job_failed", "1", run=0))
+    with pytest.raises(DeliveryError, match="temporal down"):
+        await router(Broken(), Clock()).submit(sig("job_failed", "1", run=0))

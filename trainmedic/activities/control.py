@@ -14,10 +14,13 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from trainmedic.activities.errors import slurm_call
+from trainmedic.adapters.slurm.protocol import SlurmBackend
 from trainmedic.config import Policy
 from trainmedic.domain.activity_io import ControlRef, ReserveIsolation, ReserveRestart
 from trainmedic.domain.control import ControlInput, ControlState, IsolationGrant, RestartGrant
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.planning import is_ours
 
 
 async def ensure_control(client: Client, cluster: str, policy: Policy, task_queue: str) -> None:
@@ -32,10 +35,19 @@ async def ensure_control(client: Client, cluster: str, policy: Policy, task_queu
 
 
 class ControlActivities:
-    def __init__(self, client: Client, policy: Policy, task_queue: str) -> None:
+    def __init__(
+        self,
+        client: Client,
+        policy: Policy,
+        task_queue: str,
+        backend: SlurmBackend | None = None,
+    ) -> None:
         self._client = client
         self._policy = policy
         self._task_queue = task_queue
+        # Slurm, read before each isolation reservation so the ledger counts the nodes
+        # trainmedic holds out now (an operator's resume releases one).
+        self._slurm = backend
 
     @activity.defn(name="control_snapshot")
     async def control_snapshot(self, ref: ControlRef) -> ControlState:
@@ -62,8 +74,15 @@ class ControlActivities:
 
     @activity.defn(name="reserve_isolation")
     async def reserve_isolation(self, request: ReserveIsolation) -> IsolationGrant:
+        isolation = request.request
+        if self._slurm is not None:
+            nodes = await slurm_call(self._slurm.list_nodes())
+            held = sorted(
+                n.name for n in nodes if (n.drain_flag or n.is_down) and is_ours(n.reason)
+            )
+            isolation = isolation.model_copy(update={"held_out": held})
         grant: IsolationGrant = await self._reserve(
-            request.cluster, ControlWorkflow.reserve_isolation, request.request, "isolation"
+            request.cluster, ControlWorkflow.reserve_isolation, isolation, "isolation"
         )
         return grant
 

@@ -68,6 +68,10 @@ class IsolationRequest(BaseModel):
     node: str
     partition: str
     partition_size: int
+    # The nodes Slurm shows out of service (drained or down) with trainmedic's reason,
+    # read right before the reservation. The ledger is reconciled against it: a node an
+    # operator resumed is no longer held. None: not read (the ledger is taken as it is).
+    held_out: list[str] | None = None
 
 
 class IsolationGrant(BaseModel):

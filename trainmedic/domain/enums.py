@@ -70,6 +70,7 @@ class Stage(StrEnum):
 class Outcome(StrEnum):
     RECOVERED = "recovered"
     RECOMMENDED = "recommended"  # monitor mode: advice recorded, nothing done
+    NOTED = "noted"  # a running job printed a catalog line; nothing says it is failing
     STOPPED = "stopped"
     WAITING_ON_SCHEDULER = "waiting_on_scheduler"
     ESCALATED = "escalated"

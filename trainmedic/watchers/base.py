@@ -8,7 +8,11 @@ from trainmedic.domain.incident import IncidentSignal
 
 
 class SignalSink(Protocol):
-    """Takes a signal about a failure; never raises for a bad signal (logs and drops it)."""
+    """Takes a signal about a failure; never raises for a bad signal (logs and drops it).
+
+    Raises `trainmedic.errors.DeliveryError` when the signal could not be delivered
+    (Temporal unreachable): a caller that holds the report durably keeps it for a retry.
+    """
 
     async def submit(self, signal: IncidentSignal) -> None: ...
 

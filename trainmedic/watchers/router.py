@@ -5,20 +5,27 @@ watcher, the node agent). The router maps each signal to an incident key and doe
 signal-with-start on it, so all reports of one failure land in one RecoveryWorkflow:
 
 - job signals -> `incident-<cluster>-<job>-<run+1>` (run: the Slurm restart count of the
-  run that failed, from the signal or else from the latest Slurm view), and any signal
-  about the same job within `window` goes to the incident already opened for it, even
-  when the run numbers differ (a log line read after Slurm's requeue);
+  run that failed, from the signal or else from the latest Slurm view). Reports of one
+  run within `window` go to the incident opened for it; a signal that carries no run
+  goes to the job's open incident. A failure of a *later* run is a new incident, however
+  soon it comes (DESIGN.md "Incident identity": the restart budget counts those);
+- `log_match` (a catalog line in a job's own output) opens nothing by itself: real jobs
+  print warnings by the hundred while they run fine, so a matched line is evidence for
+  an incident of the same run that Slurm, the epilog, a hang or a node agent opened,
+  and is otherwise noted. Its progress marker is remembered and handed to the job's
+  next incident, so the restart budget can tell progress;
 - node-only signals (a node down with no job on it) -> one NodeQuarantineWorkflow per
   node, `node-<cluster>-<node>`;
-- `node_drained_by_admin`, `job_requeued`, `job_held`, `node_not_responding` are noted
-  (logged, kept in `noted`) and open nothing: an admin's drain is respected, a requeue
-  or hold is the scheduler (or trainmedic) acting, and not responding precedes DOWN;
+- `node_drained_by_admin`, `job_requeued`, `job_held`, `job_cancelled`,
+  `node_not_responding` are noted (logged, kept in `noted`) and open nothing: an admin's
+  drain is respected, a requeue, hold or cancel is the scheduler, the owner or
+  trainmedic acting, and not responding precedes DOWN;
 - a storm (more than `storm_threshold` distinct nodes failing within `window`) stops
   per-job incidents: signals go to one `incident-<cluster>-storm-<n>` RecoveryWorkflow
   (no job, all the nodes) that escalates, instead of hundreds of uncoordinated ones.
 
-Closed incident + late duplicate: REJECT_DUPLICATE makes the start fail; the router
-logs it and opens nothing.
+Closed incident + late report of the same run: REJECT_DUPLICATE makes the start fail;
+the router logs it and opens nothing (that run's failure was handled).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from trainmedic.adapters.slurm.protocol import CommandRunner, SlurmBackend
 from trainmedic.adapters.slurm.runner import LocalRunner
 from trainmedic.config import Settings
 from trainmedic.domain.incident import IncidentInput, IncidentSignal
+from trainmedic.errors import DeliveryError
 from trainmedic.watchers.epilog import EpilogSpool, spool_dir
 from trainmedic.watchers.slurm import JsonSource, SlurmWatcher
 from trainmedic.workflows.quarantine import (
@@ -55,8 +63,10 @@ logger = logging.getLogger(__name__)
 JobRunLookup = Callable[[str], int | None]
 
 NOTED_KINDS = frozenset(
-    {"node_drained_by_admin", "job_requeued", "job_held", "node_not_responding"}
+    {"node_drained_by_admin", "job_requeued", "job_held", "job_cancelled", "node_not_responding"}
 )
+# A line in the job's own output: evidence for an incident, never the reason to open one.
+EVIDENCE_ONLY_KINDS = frozenset({"log_match"})
 # Signals that say a node itself failed: they count toward a storm.
 NODE_FAILURE_KINDS = frozenset({"node_down", "node_failed"})
 
@@ -70,6 +80,7 @@ class StartsWorkflows(Protocol):
 @dataclass(slots=True)
 class _Open:
     incident_id: str
+    run: int
     opened_at: float
 
 
@@ -107,7 +118,8 @@ class IncidentRouter:
         self.quarantine_cooldown = quarantine_cooldown
         self.clock = clock
         self.wall_clock = wall_clock
-        self.open: dict[str, _Open] = {}  # job id -> its incident within the window
+        self.open: dict[str, _Open] = {}  # job id -> its latest run's incident (window)
+        self.progress: dict[str, str] = {}  # job id -> last progress marker reported
         self.node_failures: dict[str, float] = {}  # node -> last failure seen
         self.storm: _Storm | None = None
         self.noted: deque[IncidentSignal] = deque(maxlen=1000)
@@ -117,10 +129,23 @@ class IncidentRouter:
     # ------------------------------------------------------------------ SignalSink
 
     async def submit(self, signal: IncidentSignal) -> None:
+        """Route one signal. A closed incident's late duplicate is noted here; any
+        other failure to reach Temporal raises DeliveryError, so a spool keeps its file."""
         try:
             await self._route(signal)
-        except Exception:  # a sink never raises into a watcher
-            logger.exception("router: could not route %s for %s", signal.kind, signal.job_id)
+        except (DeliveryError, asyncio.CancelledError):
+            raise
+        except Exception as error:
+            logger.warning(
+                "router: could not deliver %s for %s: %s",
+                signal.kind,
+                signal.job_id or ",".join(signal.nodes),
+                error,
+            )
+            raise DeliveryError(
+                f"could not deliver {signal.kind} for "
+                f"{signal.job_id or ','.join(signal.nodes)}: {error}"
+            ) from error
 
     # ------------------------------------------------------------------ routing
 
@@ -191,9 +216,23 @@ class IncidentRouter:
             logger.warning("router: dropped %s signal with neither job nor node", signal.kind)
 
     async def _route_job(self, signal: IncidentSignal, job_id: str, now: float) -> None:
+        if signal.progress:
+            self.progress[job_id] = signal.progress
+            if len(self.progress) > 20_000:  # bounded: drop the oldest job's marker
+                del self.progress[next(iter(self.progress))]
         current = self.open.get(job_id)
-        if current is not None:
+        if current is not None and signal.run in (None, current.run):
             await self._to_incident(signal, current.incident_id, job_id)
+            return
+        if signal.kind in EVIDENCE_ONLY_KINDS:
+            self.noted.append(signal)
+            logger.info(
+                "router: noted %s in job %s's output (no failure reported for run %s): %s",
+                signal.kind,
+                job_id,
+                signal.run if signal.run is not None else "?",
+                signal.detail,
+            )
             return
         if self.storm is not None:
             await self._to_storm(signal)
@@ -201,8 +240,11 @@ class IncidentRouter:
         run = signal.run
         if run is None and self.run_lookup is not None:
             run = self.run_lookup(job_id)
-        incident_id = incident_workflow_id(self.cluster, job_id, (run or 0) + 1)
-        self.open[job_id] = _Open(incident_id, now)
+        run = run or 0
+        incident_id = incident_workflow_id(self.cluster, job_id, run + 1)
+        self.open[job_id] = _Open(incident_id, run, now)
+        if signal.progress is None and job_id in self.progress:
+            signal = signal.model_copy(update={"progress": self.progress[job_id]})
         await self._to_incident(signal, incident_id, job_id)
 
     async def _to_incident(self, signal: IncidentSignal, incident_id: str, job_id: str) -> None:

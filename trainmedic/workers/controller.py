@@ -75,7 +75,7 @@ def build_activities(
     backend = backend or slurm_backend(settings)
     slurm = SlurmActivities(backend)
     attribution = AttributionActivities(attributor or default_attributor())
-    control = ControlActivities(client, policy, settings.temporal_task_queue)
+    control = ControlActivities(client, policy, settings.temporal_task_queue, backend)
     quarantine = QuarantineActivities(backend, node_health(backend, lab))
     return [
         quarantine.check_health,

@@ -174,8 +174,8 @@ class ControlWorkflow:
         """Drop ledger entries no window looks at any more, before continue-as-new."""
         state = self.state
         rails = state.policy.rails
-        keep_from = now - max(rails.isolation_window, timedelta(hours=1))
-        state.isolations = [i for i in state.isolations if i.at >= keep_from]
+        # Isolations stay while the node is held out: they leave the ledger when a
+        # reservation's Slurm read shows the node back (rails.reconcile_isolations).
         state.drains = [d for d in state.drains if d.at >= now - timedelta(hours=1)]
         state.restarts = [r for r in state.restarts if r.at >= now - rails.restart_window]
         state.changes = state.changes[-50:]

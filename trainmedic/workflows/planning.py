@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
 from trainmedic.config import Policy
 from trainmedic.domain.diagnosis import Diagnosis
-from trainmedic.domain.enums import Action, Mode
-from trainmedic.domain.incident import EffectKind, PlannedEffect
+from trainmedic.domain.enums import Action, EvidenceSource, Mode
+from trainmedic.domain.incident import EffectKind, EffectStatus, IncidentSignal, PlannedEffect
 from trainmedic.domain.slurm import SlurmJob, SlurmNode
 
 _AUTONOMY = {Mode.MONITOR: 0, Mode.APPROVE: 1, Mode.AUTO: 2}
 OUR_REASON_PREFIX = "trainmedic"
+# Sources whose word may take a node out of service (DESIGN.md "Trust and identity"):
+# the node agent (kernel log, NVML), Slurm itself, an operator. A job's own output is
+# written by its user and justifies restarts, stops and escalations, never a drain.
+TRUSTED_SOURCES = frozenset(
+    {EvidenceSource.KERNEL, EvidenceSource.NVML, EvidenceSource.SLURM, EvidenceSource.OPERATOR}
+)
+# Signals that say a job is failing, as opposed to a line its output printed.
+_EVIDENCE_ONLY_SIGNALS = frozenset({"log_match"})
+_REASON_CHARS = re.compile(r"[^\x20-\x7e]+")
 
 
 def effect_mode(
@@ -22,14 +33,18 @@ def effect_mode(
     """The mode one effect runs under.
 
     A cluster in monitor (set by an operator, or by the breaker) keeps everything in
-    monitor. Otherwise the policy's partition override wins over its action override,
-    which wins over the cluster's mode; an incident's forced mode can only lower it.
+    monitor. Otherwise a partition's or an action's override replaces the cluster's
+    mode, and where both are set the stricter wins; an incident's forced mode can only
+    lower the result, never be raised by an override.
     """
     if cluster_mode is Mode.MONITOR:
         return Mode.MONITOR
-    mode = policy.mode.partitions.get(partition or "") or policy.mode.actions.get(
-        action, cluster_mode
-    )
+    overrides = [
+        m
+        for m in (policy.mode.partitions.get(partition or ""), policy.mode.actions.get(action))
+        if m is not None
+    ]
+    mode = min(overrides, key=_AUTONOMY.__getitem__) if overrides else cluster_mode
     if forced is not None and _AUTONOMY[forced] < _AUTONOMY[mode]:
         mode = forced
     return mode
@@ -40,11 +55,54 @@ def is_ours(reason: str | None) -> bool:
 
 
 def slurm_reason(incident_id: str, diagnosis: Diagnosis) -> str:
-    """What Slurm is told: names the incident so `sinfo -R` leads back to it."""
+    """What Slurm is told: names the incident so `sinfo -R` leads back to it.
+
+    The summary may quote a log line, and log lines are anyone's text: control and
+    non-ASCII characters make scontrol refuse the reason (and the drain with it), so
+    they are folded into single spaces.
+    """
     detail = diagnosis.summary or diagnosis.category.value
     text = f"{OUR_REASON_PREFIX} {incident_id}: {diagnosis.category.value}: {detail}"
+    text = " ".join(_REASON_CHARS.sub(" ", text).split())
     # Slurm keeps reasons whole, but operators read them in `sinfo -R` columns.
     return text[:200]
+
+
+def is_out(node: SlurmNode) -> bool:
+    """Already out of service: drained (by anyone) or down."""
+    return node.drain_flag or node.is_down
+
+
+def trusted_witnesses(diagnosis: Diagnosis, nodes: dict[str, SlurmNode]) -> dict[str, str]:
+    """Culprit node -> the trusted source that shows it failing (absent: none does)."""
+    witnesses: dict[str, str] = {}
+    for name in diagnosis.culprit_nodes:
+        node = nodes.get(name)
+        if node is not None and (node.is_down or "NOT_RESPONDING" in node.state_flags):
+            witnesses[name] = f"Slurm shows {name} {node.state_text}"
+            continue
+        for evidence in diagnosis.evidence:
+            if evidence.node == name and evidence.source in TRUSTED_SOURCES:
+                witnesses[name] = f"{evidence.source.value} evidence on {name}"
+                break
+    return witnesses
+
+
+def running_job_untouched(job: SlurmJob | None, signals: list[IncidentSignal]) -> str | None:
+    """Why a running job must be left alone, or None.
+
+    A running job is acted on only when something says it is failing: Slurm, the
+    epilog, a hang, a node agent, an operator. Lines matched in its own output while
+    it runs and progresses are what real jobs print by the hundred (issue 9.9).
+    """
+    if job is None or not job.is_running or not signals:
+        return None
+    if all(s.kind in _EVIDENCE_ONLY_SIGNALS and s.source == "log" for s in signals):
+        return (
+            f"job {job.job_id} is running and nothing but lines in its own output was "
+            "reported; recorded as a note, no effect"
+        )
+    return None
 
 
 def plan_effects(
@@ -56,42 +114,74 @@ def plan_effects(
     cluster_mode: Mode,
     forced: Mode | None = None,
 ) -> list[PlannedEffect]:
-    """Effects in the order they must happen: isolate first, then act on the job."""
+    """Effects in the order they must happen: isolate first, then act on the job.
+
+    Culprits are confined to the job's own nodes. A culprit that is already out of
+    service (down, or drained by anyone) is recorded as already true and reserves no
+    budget; a culprit that only the job's own output names is not drained in auto mode
+    (the restart excludes it instead, and says why), since a user can print any line.
+    """
     reason = slurm_reason(incident_id, diagnosis)
     partition = job.partition if job else None
     action = diagnosis.action
+    culprits = list(diagnosis.culprit_nodes)
+    notes: list[str] = []
+    if job is not None and job.nodes:
+        foreign = [n for n in culprits if n not in job.nodes]
+        if foreign:
+            culprits = [n for n in culprits if n in job.nodes]
+            notes.append(f"ignored {', '.join(foreign)}: not a node of job {job.job_id}")
 
     def mode() -> Mode:
         return effect_mode(policy, cluster_mode, action, partition, forced)
 
     effects: list[PlannedEffect] = []
     if action is Action.DRAIN_AND_RESTART:
-        for name in diagnosis.culprit_nodes:
+        witnesses = trusted_witnesses(diagnosis, nodes)
+        for name in culprits:
             node = nodes.get(name)
             node_partition = node.partitions[0] if node and node.partitions else partition
-            effects.append(
-                PlannedEffect(
-                    id=f"drain-{name}",
-                    kind=EffectKind.DRAIN_NODE,
-                    node=name,
-                    partition=node_partition,
-                    reason=reason,
-                    mode=effect_mode(policy, cluster_mode, action, node_partition, forced),
-                )
+            drain_mode = effect_mode(policy, cluster_mode, action, node_partition, forced)
+            drain = PlannedEffect(
+                id=f"drain-{name}",
+                kind=EffectKind.DRAIN_NODE,
+                node=name,
+                partition=node_partition,
+                reason=reason,
+                mode=drain_mode,
             )
+            if node is not None and is_out(node):
+                who = f" by {node.reason_user}" if node.reason_user else ""
+                why = f", reason {node.reason!r}{who}" if node.reason else ""
+                drain.status = EffectStatus.ALREADY_TRUE
+                drain.note = (
+                    f"{name} is already out of service ({node.state_text}{why}); "
+                    "no budget reserved, kept out of the job"
+                )
+            elif name not in witnesses and drain_mode is not Mode.APPROVE:
+                notes.append(
+                    f"{name} not drained: only the job's own output names it (a user can "
+                    "print any line); excluded from the restart instead"
+                )
+                continue
+            elif name not in witnesses:
+                drain.note = "only the job's own output names this node: your approval is the proof"
+            effects.append(drain)
     if job is None:
         return effects
-    if action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING) and diagnosis.culprit_nodes:
+    note = "; ".join(notes)
+    if action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING) and culprits:
         effects.append(
             PlannedEffect(
                 id=f"requeue-{job.job_id}",
                 kind=EffectKind.REQUEUE_EXCLUDING,
                 job_id=job.job_id,
-                exclude=sorted(set(diagnosis.culprit_nodes) | set(job.excluded_nodes)),
+                exclude=sorted(set(culprits) | set(job.excluded_nodes)),
                 partition=partition,
                 seen_restarts=job.restarts,
                 reason=reason,
                 mode=mode(),
+                note=note,
             )
         )
     elif action in (Action.RESTART, Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING):
@@ -104,6 +194,7 @@ def plan_effects(
                 seen_restarts=job.restarts,
                 reason=reason,
                 mode=mode(),
+                note=note,
             )
         )
     elif action is Action.STOP:
@@ -115,6 +206,7 @@ def plan_effects(
                 partition=partition,
                 reason=reason,
                 mode=mode(),
+                note=note,
             )
         )
     return effects

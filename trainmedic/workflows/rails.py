@@ -19,10 +19,36 @@ from trainmedic.domain.control import (
     RestartRequest,
 )
 
+# A reservation is made right before its drain: for this long it counts even though
+# Slurm does not show the drain yet (a drain that failed is released after it).
+PENDING_DRAIN_GRACE = timedelta(minutes=10)
+
 
 def isolation_budget(state: ControlState, partition_size: int) -> int:
     rails = state.policy.rails
     return max(rails.min_isolated_nodes, math.floor(rails.max_isolated_fraction * partition_size))
+
+
+def reconcile_isolations(
+    state: ControlState, held_out: list[str] | None, now: datetime
+) -> list[str]:
+    """Drop ledger entries for nodes trainmedic no longer holds out (an operator resumed
+    them, or the drain never happened); returns the nodes released. Without a Slurm
+    read (`held_out` None) entries expire after the policy's isolation window."""
+    out_now = set(held_out or ())
+    keep: list[Isolation] = []
+    released: list[str] = []
+    for isolation in state.isolations:
+        if held_out is None:
+            held = isolation.at >= now - state.policy.rails.isolation_window
+        else:
+            held = isolation.node in out_now or isolation.at >= now - PENDING_DRAIN_GRACE
+        if held:
+            keep.append(isolation)
+        else:
+            released.append(isolation.node)
+    state.isolations = keep
+    return released
 
 
 def grant_isolation(
@@ -30,24 +56,30 @@ def grant_isolation(
 ) -> IsolationGrant:
     """Record and grant one node's isolation, or refuse it (breaker_tripped=True).
 
-    Idempotent per (incident, node): a retried reservation gets the same answer.
+    The ledger holds the distinct nodes trainmedic holds out now (DESIGN.md "Already
+    true comes first"): several incidents about one node reserve it once, and a node
+    released in Slurm no longer counts. The drain *rate* is a separate ledger. Idempotent
+    per node: a retried or second reservation of a held node gets a grant.
     """
     rails = state.policy.rails
+    reconcile_isolations(state, request.held_out, now)
     for isolation in state.isolations:
-        if isolation.incident_id == request.incident_id and isolation.node == request.node:
-            return IsolationGrant(granted=True, reason="already reserved")
-    in_window = [
-        i
-        for i in state.isolations
-        if i.partition == request.partition and i.at >= now - rails.isolation_window
-    ]
+        if isolation.node == request.node:
+            same = isolation.incident_id == request.incident_id
+            return IsolationGrant(
+                granted=True,
+                reason="already reserved"
+                if same
+                else f"already held out (reserved by {isolation.incident_id})",
+            )
+    held = {i.node for i in state.isolations if i.partition == request.partition}
     budget = isolation_budget(state, request.partition_size)
     drains_last_hour = [d for d in state.drains if d.at >= now - timedelta(hours=1)]
     refusal = None
-    if len(in_window) >= budget:
+    if len(held) >= budget:
         refusal = (
-            f"isolation budget spent: {len(in_window)} of {budget} nodes of partition "
-            f"{request.partition} already isolated within {rails.isolation_window}"
+            f"isolation budget spent: {len(held)} of {budget} nodes of partition "
+            f"{request.partition} held out by trainmedic ({', '.join(sorted(held))})"
         )
     elif len(drains_last_hour) >= rails.max_drains_per_hour:
         refusal = f"drain limit reached: {len(drains_last_hour)} drains in the last hour"
@@ -56,7 +88,7 @@ def grant_isolation(
             granted=False,
             reason=refusal,
             breaker_tripped=True,
-            isolated_in_window=len(in_window),
+            isolated_in_window=len(held),
             budget=budget,
         )
     entry = Isolation(
@@ -66,8 +98,8 @@ def grant_isolation(
     state.drains.append(entry)
     return IsolationGrant(
         granted=True,
-        reason=f"{len(in_window) + 1} of {budget} in window",
-        isolated_in_window=len(in_window) + 1,
+        reason=f"{len(held) + 1} of {budget} nodes held out",
+        isolated_in_window=len(held) + 1,
         budget=budget,
     )
 

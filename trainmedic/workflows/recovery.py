@@ -61,7 +61,7 @@ with workflow.unsafe.imports_passed_through():
         TM_OUTCOME,
         TM_STAGE,
     )
-    from trainmedic.workflows.planning import cause_key, plan_effects
+    from trainmedic.workflows.planning import cause_key, plan_effects, running_job_untouched
 
 READ_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -283,6 +283,9 @@ class RecoveryWorkflow:
         )
 
         self._set_stage(Stage.PLAN, f"planning: {diagnosis.headline()}")
+        untouched = running_job_untouched(gathered.job, self.signals)
+        if untouched:
+            return self._finish(Outcome.NOTED, f"{untouched}: {diagnosis.headline()}")
         nodes = {node.name: node for node in gathered.nodes}
         self.effects = plan_effects(
             workflow.info().workflow_id,
@@ -291,6 +294,7 @@ class RecoveryWorkflow:
             nodes,
             control.policy,
             self.mode,
+            forced=request.mode,  # an override may not lift a mode forced on the incident
         )
         self._record_effects()
         if diagnosis.action in (Action.WAIT, Action.ESCALATE) or not self.effects:
@@ -298,6 +302,8 @@ class RecoveryWorkflow:
 
         blocked = False
         for effect in self.effects:
+            if effect.status in FINAL:
+                continue  # decided at planning: e.g. a culprit already out of service
             if blocked:
                 effect.status = EffectStatus.SKIPPED
                 effect.note = effect.note or "not attempted: an earlier effect was blocked"
@@ -458,15 +464,27 @@ class RecoveryWorkflow:
             effect.note = str(cause.message if isinstance(cause, ApplicationError) else error)
             return
         effect.status = outcome.status
-        effect.note = outcome.note
+        # A planning note (why a node was not drained) stays beside what Slurm said.
+        effect.note = "; ".join(n for n in (effect.note, outcome.note) if n)
         effect.results = outcome.results
         effect.applied_at = workflow.now()
 
     async def _conclude(self, request: IncidentInput, diagnosis: Diagnosis) -> IncidentResult:
-        statuses = {e.status for e in self.effects}
+        # Culprits found already out of service at planning changed nothing: they
+        # neither make an incident "applied" nor keep monitor mode's advice from reading
+        # as advice.
+        live = [
+            e
+            for e in self.effects
+            if not (e.kind is EffectKind.DRAIN_NODE and e.status is EffectStatus.ALREADY_TRUE)
+        ]
+        statuses = {e.status for e in live}
         job_effects = [e for e in self.effects if e.job_id]
+        if not live:
+            out = "; ".join(e.note for e in self.effects)
+            return self._finish(Outcome.ESCALATED, f"culprits already out; no job to act on: {out}")
         if statuses <= {EffectStatus.WOULD_APPLY}:
-            would = "; ".join(e.describe() for e in self.effects)
+            would = "; ".join(e.describe() for e in live)
             if self.breaker:
                 # The cluster fell back to monitor because a rail tripped: this failure
                 # still needs handling, by a person.
