@@ -22,6 +22,7 @@ from trainmedic.audit import decode_payload
 from trainmedic.domain import Action, Category, Outcome
 from trainmedic.domain.incident import EffectStatus, IncidentSignal
 from trainmedic.lab import Lab
+from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
 
 pytestmark = pytest.mark.integration
 
@@ -110,8 +111,17 @@ async def test_auto_node_death_under_a_two_node_job(
     assert result.diagnosis is not None
     assert result.diagnosis.category is Category.NODE_DOWN
     assert result.diagnosis.culprit_nodes == [dead]
-    state = node(clean_lab, dead)
-    assert "DRAIN" in state["State"] and incident in state["Reason"]
+    # Slurm already took the dead node out: that is already true, nothing is drained
+    # over it and no isolation budget is spent (issue 9.2); the job still moves away.
+    drain, requeue = result.effects
+    assert drain.status is EffectStatus.ALREADY_TRUE, drain
+    assert "already out of service" in drain.note
+    assert requeue.status is EffectStatus.APPLIED
+    assert "DRAIN" not in node(clean_lab, dead)["State"]
+    control = await temporal_client.get_workflow_handle_for(
+        ControlWorkflow.run, control_workflow_id(cluster)
+    ).query(ControlWorkflow.current)
+    assert control.isolations == [] and control.breaker_tripped_at is None
     now_on = running_on(clean_lab, job_id)
     assert now_on and dead not in now_on and len(now_on) == 2
     assert dead in job(clean_lab, job_id)["ExcNodeList"]
@@ -132,8 +142,8 @@ async def test_a_node_an_operator_drained_is_left_alone(
     result = await result_of(temporal_client, incident)
 
     drain, requeue = result.effects
-    assert drain.status is EffectStatus.SKIPPED
-    assert "drained by someone else" in drain.note and "DIMM swap" in drain.note
+    assert drain.status is EffectStatus.ALREADY_TRUE
+    assert "already out of service" in drain.note and "DIMM swap" in drain.note
     assert node(clean_lab, culprit)["Reason"].startswith("bob: DIMM swap")
     # The job still moves away from the suspect node.
     assert requeue.status is EffectStatus.APPLIED

@@ -74,9 +74,11 @@ async def test_breaker_drains_only_the_budget_then_drops_to_monitor(
 
 
 def nccl_error(job_id: str) -> IncidentSignal:
+    """The epilog's report of a failed run, with the NCCL line its log ended on (a
+    matched line alone, while the job runs, would only be noted)."""
     return IncidentSignal(
-        source="log",
-        kind="log_match",
+        source="epilog",
+        kind="epilog",
         job_id=job_id,
         evidence=[
             Evidence(
