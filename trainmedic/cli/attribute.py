@@ -1,4 +1,4 @@
-"""`trainmedic attribute PATH...` and `trainmedic attribution eval DIR --labels FILE`."""
+"""`trainmedic attribute PATH...` and `trainmedic attribution eval DIR [--labels FILE]`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from trainmedic.catalog.engine import Attributor
-from trainmedic.catalog.evaluation import InputError, case_paths, evaluate
+from trainmedic.catalog.evaluation import (
+    EvalReport,
+    InputError,
+    case_paths,
+    evaluate,
+    label_files,
+)
+from trainmedic.catalog.evaluation import write_known_misses as write_known_misses_file
 from trainmedic.catalog.model import CatalogError
 from trainmedic.domain import AttributionRequest, Diagnosis
 from trainmedic.domain.hostlist import HostlistError, expand
@@ -19,7 +26,9 @@ attribution_app = typer.Typer(help="Measure the attribution engine on labelled c
 
 
 def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    Console(stderr=True).print(
+        f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True
+    )
     return typer.Exit(2)
 
 
@@ -79,49 +88,127 @@ def attribute(
 @attribution_app.command("eval")
 def eval_command(
     directory: Path = typer.Argument(..., help="Directory of cases."),
-    labels: Path = typer.Option(..., "--labels", help="JSON Lines labels file."),
-    as_json: bool = typer.Option(False, "--json"),
+    labels: Path | None = typer.Option(
+        None,
+        "--labels",
+        help="JSON Lines labels file [default: labels.jsonl and labels.*.jsonl in DIRECTORY].",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    write_known_misses: Path | None = typer.Option(
+        None,
+        "--write-known-misses",
+        help="Record today's misses as this directory's entry of a known-misses file.",
+    ),
+    split: str | None = typer.Option(
+        None, "--split", help="Entry name for --write-known-misses [default: DIRECTORY's name]."
+    ),
 ) -> None:
-    """Run every labelled case; print accuracy, a confusion table and dangerous errors."""
+    """Run every labelled case; print the figures, confusion tables and dangerous errors."""
     try:
+        if labels is None and not label_files(directory):
+            raise InputError(
+                f"no labels files (labels.jsonl, labels.*.jsonl) in {directory}; pass --labels"
+            )
         report = evaluate(directory, labels)
+        if write_known_misses is not None:
+            name = split or directory.resolve().name
+            written = write_known_misses_file(write_known_misses, name, report)
     except (InputError, CatalogError) as error:
         raise _fail(str(error)) from None
     if as_json:
         typer.echo(report.model_dump_json())
-        return
-    console = Console(width=max(160, Console().width))
-    table = Table("case", "category", "action", "culprit", "ok", title="cases")
-    for r in report.results:
-        ok = "".join("✓" if x else "✗" for x in (r.category_ok, r.action_ok, r.culprit_ok))
-        table.add_row(
-            r.file,
-            r.category.value
-            if r.category_ok
-            else f"{r.category.value} (want {r.expected_category.value})",
-            r.action.value if r.action_ok else f"{r.action.value} (want {r.expected_action.value})",
-            ",".join(r.culprit_nodes) or (f"ranks {r.culprit_ranks}" if r.culprit_ranks else "-"),
-            ok,
-        )
-    console.print(table)
-    confusion = Table(
-        "expected \\ got", *sorted({g for row in report.confusion.values() for g in row})
-    )
-    columns = [c.header for c in confusion.columns[1:]]
-    for expected, row in report.confusion.items():
-        confusion.add_row(expected, *[str(row.get(str(c), "")) for c in columns])
-    console.print(confusion)
-    console.print(
-        f"cases {report.cases}  category {report.category_accuracy:.1%}  action "
-        f"{report.action_accuracy:.1%}  culprit {report.culprit_accuracy:.1%}",
-        highlight=False,
-    )
-    if report.dangerous:
-        console.print(f"[bold red]dangerous errors: {len(report.dangerous)}[/]")
-        for item in report.dangerous:
-            console.print(f"  {item['file']}: {item['why']}", highlight=False, markup=False)
     else:
-        console.print("dangerous errors: 0")
+        _print_report(report)
+    if write_known_misses is not None:
+        counts = ", ".join(f"{aspect} {len(files)}" for aspect, files in written.items())
+        Console(stderr=True).print(
+            f"wrote split {name!r} to {write_known_misses}: {counts}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _print_report(report: EvalReport) -> None:
+    console = Console(width=max(160, Console().width))
+    if report.results:
+        table = Table("case", "category", "action", "culprit", "transient", "ok", title="cases")
+        for r in report.results:
+            marks = (r.category_ok, r.action_ok, r.culprit_ok, r.transient_ok)
+            ok = "".join("·" if x is None else "✓" if x else "✗" for x in marks)
+            if r.benign:
+                ok = "false alarm" if r.false_alarm else "✓"
+            named = ",".join(r.culprit_nodes) or (
+                f"ranks {r.culprit_ranks}" if r.culprit_ranks else "-"
+            )
+            want = ",".join(r.expected_culprit_nodes) or (
+                f"ranks {r.expected_culprit_ranks}" if r.expected_culprit_ranks else ""
+            )
+            table.add_row(
+                r.file,
+                _cell(r.category.value, r.expected_category, r.category_ok),
+                _cell(r.action.value, r.expected_action, r.action_ok),
+                _cell(named, want or "-", r.culprit_ok),
+                _cell(str(r.transient), str(r.expected_transient), r.transient_ok),
+                ok,
+            )
+        console.print(table)
+        for title, rows in (
+            ("categories", report.confusion),
+            ("actions", report.action_confusion),
+        ):
+            console.print(_confusion(title, rows))
+    console.print(
+        f"n {report.n} (failures {report.failures}, benign {report.benign})\n"
+        f"category {_pct(report.category_accuracy)}  action {_pct(report.action_accuracy)}"
+        f"  restart family {_pct(report.restart_family_accuracy)}"
+        f"  binary agreement {_pct(report.binary_agreement)} of {report.binary_cases}"
+        f"  stops caught {report.stops_caught}/{report.stops}\n"
+        f"culprit {_pct(report.culprit_accuracy)} of {report.culprit_cases}"
+        f"  precision {_pct(report.culprit_precision)}  recall {_pct(report.culprit_recall)}"
+        f"  transient {_pct(report.transient_accuracy)} of {report.transient_cases}"
+        f"  unknown {_pct(report.unknown_rate)}",
+        highlight=False,
+        markup=False,
+    )
+    _print_list(
+        console,
+        f"dangerous errors: {len(report.dangerous)} (dangerous stops {report.dangerous_stops})",
+        [f"{d['file']}: {d['why']}" for d in report.dangerous],
+    )
+    _print_list(console, f"false alarms: {report.false_alarms}", report.false_alarm_files)
+    if report.unlabelled:
+        _print_list(console, f"unlabelled cases: {len(report.unlabelled)}", report.unlabelled)
+
+
+def _cell(got: str, want: str, ok: bool | None) -> str:
+    return got if ok is not False else f"{got} (want {want})"
+
+
+def _confusion(title: str, rows: dict[str, dict[str, int]]) -> Table:
+    # One row per expected value, the wrong answers spelled out: a full matrix of 16
+    # categories does not fit a terminal.
+    table = Table("expected", "right", "got instead", title=f"confusion: {title}")
+    for expected, row in rows.items():
+        total = sum(row.values())
+        wrong = sorted(((n, got) for got, n in row.items() if got != expected), reverse=True)
+        table.add_row(
+            expected,
+            f"{row.get(expected, 0)}/{total}",
+            ", ".join(f"{got} {n}" for n, got in wrong) or "-",
+        )
+    return table
+
+
+def _print_list(console: Console, headline: str, items: list[str]) -> None:
+    style = "bold red" if items else "bold"
+    console.print(headline, style=style, highlight=False, markup=False)
+    for item in items:
+        console.print(f"  {item}", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:
