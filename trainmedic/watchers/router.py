@@ -56,7 +56,7 @@ from trainmedic.workflows.quarantine import (
     QuarantineInput,
     quarantine_workflow_id,
 )
-from trainmedic.workflows.recovery import RecoveryWorkflow, incident_workflow_id
+from trainmedic.workflows.recovery import STORM_SUBJECT, RecoveryWorkflow, incident_workflow_id
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class IncidentRouter:
     def _check_storm(self, now: float) -> None:
         failed = len(self.node_failures)
         if self.storm is None and failed > self.threshold():
-            storm_id = incident_workflow_id(self.cluster, "storm", int(self.wall_clock()))
+            storm_id = incident_workflow_id(self.cluster, STORM_SUBJECT, int(self.wall_clock()))
             self.storm = _Storm(storm_id, now, set(self.node_failures))
             logger.error(
                 "router: STORM - %d nodes failed within %.0f s (threshold %d): %s; one "

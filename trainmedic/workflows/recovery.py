@@ -94,9 +94,16 @@ FINAL = {
 }
 
 
+STORM_SUBJECT = "storm"
+
+
 def incident_workflow_id(cluster: str, subject: str, n: int) -> str:
     """DESIGN.md: incident-<cluster>-<job or node>-<n>."""
     return f"incident-{cluster}-{subject}-{n}"
+
+
+def is_storm(workflow_id: str) -> bool:
+    return f"-{STORM_SUBJECT}-" in workflow_id
 
 
 @workflow.defn(name="RecoveryWorkflow")
@@ -286,6 +293,15 @@ class RecoveryWorkflow:
         untouched = running_job_untouched(gathered.job, self.signals)
         if untouched:
             return self._finish(Outcome.NOTED, f"{untouched}: {diagnosis.headline()}")
+        if request.job_id is None and is_storm(workflow.info().workflow_id):
+            # Many nodes at once is the site's problem (power, network, a bad rollout),
+            # not one culprit's: draining them one by one would take the cluster down.
+            return self._finish(
+                Outcome.ESCALATED,
+                f"storm: {len(request.nodes)} nodes failed within a minute "
+                f"({', '.join(sorted(request.nodes)[:20])}); a person must look. "
+                f"Diagnosis: {diagnosis.headline()}",
+            )
         nodes = {node.name: node for node in gathered.nodes}
         self.effects = plan_effects(
             workflow.info().workflow_id,

@@ -1,0 +1,379 @@
+"""Chaos: faults the code was not built around, on the real lab and dev server.
+
+Each scenario runs the controller's real watchers (Slurm poll, log tails, in-process
+node agents) against its own cluster name and policy in auto mode, injects a fault the
+way a real cluster produces it, and asserts three things: the incidents' outcomes, the
+exact Slurm effects (drains and requeues counted in slurmctld's own log, not in our
+records), and that no report was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from tests.integration.support import (
+    async_wait_for,
+    job,
+    node,
+    running_on,
+    start_control,
+    submit,
+    unique_cluster,
+    wait_for,
+)
+from trainmedic.config import Settings
+from trainmedic.domain import Outcome
+from trainmedic.domain.incident import EffectStatus, IncidentResult, IncidentSignal
+from trainmedic.lab import Lab, faults
+from trainmedic.lab.workload import kernel_log, lab_nodes, nvml_state, prepare_nodes, reset_nodes
+from trainmedic.workers.controller import slurm_backend
+from trainmedic.workers.detection import Detection, build_detection
+from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.recovery import RecoveryWorkflow
+
+pytestmark = pytest.mark.integration
+
+AUTO = (
+    "version: chaos\nmode: {default: auto}\n"
+    "rails: {max_isolated_fraction: 0.25, max_drains_per_hour: 10, restart_budget: 2}\n"
+    "detect: {settle: 1s}\n"
+    "verify: {timeout: 60s, poll_interval: 1s}\n"
+)
+CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "real" / "benign"
+
+
+class SlurmctldLog:
+    """slurmctld's own account of what was done, from the moment of construction."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.path = lab.layout.slurmctld_log()
+        self.offset = self.path.stat().st_size
+
+    def lines(self) -> list[str]:
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            return handle.read().decode("utf-8", "replace").splitlines()
+
+    def drains(self, node_name: str) -> int:
+        """Drains trainmedic set on the node (its reason names trainmedic)."""
+        return sum(
+            1
+            for line in self.lines()
+            if f"node {node_name} reason set to" in line and "trainmedic" in line
+        )
+
+    def requeues(self, job_id: str) -> int:
+        return sum(1 for line in self.lines() if f"Requeuing JobId={job_id}" in line)
+
+
+@pytest.fixture
+def lab(clean_lab: Lab) -> Iterator[Lab]:
+    prepare_nodes(clean_lab)
+    yield clean_lab
+    reset_nodes(clean_lab)
+
+
+@asynccontextmanager
+async def controller_for(
+    lab: Lab, client: Client, settings: Settings, policy: str = AUTO, prefix: str = "chaos"
+) -> AsyncIterator[Detection]:
+    """The controller's detection side for a cluster of its own (the worker is the
+    session's `controller`), stopped, with its node quarantines, at the end."""
+    cluster = unique_cluster(prefix)
+    settings = settings.model_copy(update={"cluster": cluster})
+    await start_control(client, cluster, policy)
+    nodes = lab_nodes(lab)
+    built = build_detection(
+        client,
+        settings,
+        slurm_backend(settings),
+        interval=1.0,
+        hang_after=timedelta(minutes=5),
+        agents=[(n, kernel_log(lab, n)) for n in nodes],
+        nvml_states={n: nvml_state(lab, n) for n in nodes},
+        # Quarantines would resume drained nodes in the middle of later tests.
+        quarantine_cooldown=timedelta(hours=1),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(built.run(stop))
+    try:
+        yield built
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        for workflow_id in set(built.router.started):
+            if workflow_id.startswith("node-"):
+                await client.get_workflow_handle(workflow_id).terminate("chaos test over")
+
+
+def incidents(detection: Detection, job_id: str) -> list[str]:
+    """The job's incidents, in run order."""
+    mine = {i for i in detection.router.started if i.startswith("incident-") and f"-{job_id}-" in i}
+    return sorted(mine, key=lambda i: int(i.rsplit("-", 1)[1]))
+
+
+async def wait_incidents(
+    detection: Detection, job_id: str, count: int, timeout: float = 120
+) -> list[str]:
+    return await async_wait_for(
+        lambda: (
+            incidents(detection, job_id) if len(incidents(detection, job_id)) >= count else None
+        ),
+        f"{count} incident(s) for job {job_id}",
+        timeout=timeout,
+    )
+
+
+async def result(client: Client, incident_id: str, timeout: float = 180) -> IncidentResult:
+    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, incident_id)
+    return await asyncio.wait_for(handle.result(), timeout)
+
+
+async def control_state(client: Client, detection: Detection):  # type: ignore[no-untyped-def]
+    handle = client.get_workflow_handle_for(
+        ControlWorkflow.run, control_workflow_id(detection.router.cluster)
+    )
+    return await handle.query(ControlWorkflow.current)
+
+
+def xid79_on(lab: Lab, node_name: str) -> None:
+    """What the kernel of `node_name` prints when a GPU falls off the bus."""
+    faults.append_kernel(
+        lab.root, node_name, faults.kernel_lines(faults.Fault.XID79, pid=4242, node=node_name)
+    )
+
+
+def script(lab: Lab, body: str) -> Path:
+    path = lab.layout.jobs / f"chaos-{uuid.uuid4().hex[:6]}.sh"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    return path
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+async def test_the_same_job_failing_three_times(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """Each failed run is its own incident; the third with no progress escalates."""
+    nccl = (
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: "
+        "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for "
+        "details), NCCL version 2.20.5"
+    )
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        job_id = submit(lab, 1, body=f"sleep 6\necho '{nccl}'\nexit 1")
+        found = await wait_incidents(detection, job_id, 3, timeout=240)
+        results = [await result(temporal_client, i) for i in found[:3]]
+    assert [i.rsplit("-", 1)[1] for i in found] == ["1", "2", "3"]
+    assert [r.outcome for r in results] == [
+        Outcome.RECOVERED,
+        Outcome.RECOVERED,
+        Outcome.ESCALATED,
+    ], [r.summary for r in results]
+    assert "restart budget spent" in results[2].summary
+    assert ctld.requeues(job_id) == 2
+    assert detection.router.rejected == []
+
+
+async def test_three_jobs_on_one_node_that_fails(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """One drain, three restarts, and the breaker stays shut (budget: one node)."""
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        # Three jobs land on gpu02 (the other nodes briefly drained by an operator);
+        # pinning them with -w would leave them nowhere to go once gpu02 is excluded.
+        others = [n for n in lab_nodes(lab) if n != "gpu02"]
+        for name in others:
+            lab.run_client(
+                ["scontrol", "update", f"NodeName={name}", "State=DRAIN", "Reason=ops: hold"]
+            )
+        jobs = [submit(lab, 1, "-n", "1") for _ in range(3)]
+        for job_id in jobs:
+            assert wait_for(lambda j=job_id: running_on(lab, j), f"job {job_id}") == ["gpu02"]
+        for name in others:
+            lab.run_client(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
+        xid79_on(lab, "gpu02")
+        found = [(await wait_incidents(detection, j, 1))[0] for j in jobs]
+        results = [await result(temporal_client, i) for i in found]
+        state = await control_state(temporal_client, detection)
+    assert [r.outcome for r in results] == [Outcome.RECOVERED] * 3, [r.summary for r in results]
+    assert ctld.drains("gpu02") == 1
+    assert sum(ctld.requeues(j) for j in jobs) == 3
+    assert [i.node for i in state.isolations] == ["gpu02"]
+    assert state.breaker_tripped_at is None, state.breaker_reason
+    for job_id in jobs:
+        assert "gpu02" not in (running_on(lab, job_id) or ["gpu02"])
+
+
+async def test_an_admin_sets_a_node_down_under_a_running_job(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """Already true: no drain over the admin's DOWN, no budget, the job runs elsewhere."""
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        job_id = submit(lab, 2)
+        placed = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+        down = placed[1]
+        lab.run_client(
+            ["scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=admin: fan swap"]
+        )
+        found = await wait_incidents(detection, job_id, 1)
+        outcome = await result(temporal_client, found[0])
+        state = await control_state(temporal_client, detection)
+        now_on = await async_wait_for(
+            lambda: running_on(lab, job_id), f"job {job_id} to run again", timeout=90
+        )
+    assert state.breaker_tripped_at is None, state.breaker_reason
+    assert state.isolations == []
+    assert ctld.drains(down) == 0
+    assert node(lab, down)["Reason"].startswith("admin: fan swap")
+    assert down not in now_on
+    drains = [e for e in outcome.effects if e.node == down]
+    assert all(e.status is EffectStatus.ALREADY_TRUE for e in drains), outcome.effects
+    assert outcome.outcome is Outcome.RECOVERED, outcome.summary
+
+
+async def test_an_operator_resumes_our_node_then_another_fails(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """The resume releases the ledger's slot: the second node may be drained."""
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        first = submit(lab, 1, "-w", "gpu01")
+        wait_for(lambda: running_on(lab, first), f"job {first} to run")
+        xid79_on(lab, "gpu01")
+        first_result = await result(temporal_client, (await wait_incidents(detection, first, 1))[0])
+        assert first_result.outcome is Outcome.RECOVERED, first_result.summary
+        lab.run_client(["scontrol", "update", "NodeName=gpu01", "State=RESUME"])
+        second = submit(lab, 1, "-w", "gpu03")
+        wait_for(lambda: running_on(lab, second), f"job {second} to run")
+        xid79_on(lab, "gpu03")
+        second_result = await result(
+            temporal_client, (await wait_incidents(detection, second, 1))[0]
+        )
+        state = await control_state(temporal_client, detection)
+    assert second_result.outcome is Outcome.RECOVERED, second_result.summary
+    assert state.breaker_tripped_at is None, state.breaker_reason
+    assert (ctld.drains("gpu01"), ctld.drains("gpu03")) == (1, 1)
+    assert [i.node for i in state.isolations] == ["gpu03"]
+
+
+async def test_a_user_prints_forged_xid_lines(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """While the job runs: a note. When it fails: a restart away from the named node,
+    never a drain on the user's word."""
+    ctld = SlurmctldLog(lab)
+    # The job names the node it runs on, as a real Xid line would.
+    forged = (
+        "$SLURMD_NODENAME: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, "
+        "GPU has fallen off the bus."
+    )
+    body = (
+        f'echo "{forged}"\n'
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 8; exit 1; fi\n'
+        "sleep 600"
+    )
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        job_id = submit(lab, 1, body=body)
+        named = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")[0]
+        await asyncio.sleep(4)
+        assert incidents(detection, job_id) == [], "a printed line opened an incident"
+        found = await wait_incidents(detection, job_id, 1)
+        outcome = await result(temporal_client, found[0])
+    assert ctld.drains(named) == 0
+    assert "DRAIN" not in node(lab, named)["State"]
+    assert [e.kind.value for e in outcome.effects] == ["requeue_excluding"], outcome.effects
+    assert "only the job's own output names it" in outcome.effects[0].note
+    assert named in job(lab, job_id)["ExcNodeList"]
+    assert outcome.outcome is Outcome.RECOVERED, outcome.summary
+    assert any(s.kind == "log_match" and s.job_id == job_id for s in detection.router.noted)
+
+
+async def test_a_healthy_job_printing_real_warnings_is_left_alone(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """Real NCCL / PyTorch / framework output of healthy jobs, from the benign corpus,
+    printed for 20 s by a job that progresses: no incident, no effect."""
+    benign = sorted(CORPUS.glob("*.log"))
+    assert len(benign) >= 20, "the benign corpus is missing"
+    warnings = lab.layout.jobs / f"benign-{uuid.uuid4().hex[:6]}.txt"
+    warnings.parent.mkdir(parents=True, exist_ok=True)
+    warnings.write_bytes(b"\n".join(p.read_bytes() for p in benign))
+    body = (
+        "for i in $(seq 1 40); do\n"
+        f"  cat {warnings}\n"
+        '  echo "iteration $i/ 1000 | loss 2.31 | step $i"\n'
+        "  sleep 0.5\n"
+        "done\n"
+        "sleep 600"
+    )
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        job_id = submit(lab, 1, body=body)
+        wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+        await asyncio.sleep(25)
+        opened = incidents(detection, job_id)
+    assert opened == [], opened
+    assert job(lab, job_id)["JobState"] == "RUNNING"
+    assert job(lab, job_id)["Restarts"] == "0"
+    assert ctld.requeues(job_id) == 0
+
+
+async def test_slurmctld_paused_in_the_middle_of_an_incident(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """30 s without a controller: effects wait and retry; each happens exactly once."""
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        job_id = submit(lab, 2)
+        placed = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+        culprit = placed[0]
+        xid79_on(lab, culprit)
+        found = await wait_incidents(detection, job_id, 1)
+        pid = lab.status().slurmctld_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(30)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        outcome = await result(temporal_client, found[0], timeout=240)
+    assert outcome.outcome is Outcome.RECOVERED, outcome.summary
+    assert ctld.drains(culprit) == 1
+    assert ctld.requeues(job_id) == 1
+    assert len(incidents(detection, job_id)) == 1
+
+
+async def test_a_storm_is_one_incident_that_escalates(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """More nodes failing in a minute than the threshold: one storm incident reaches
+    RecoveryWorkflow, asks a person, and drains nothing."""
+    ctld = SlurmctldLog(lab)
+    nodes = lab_nodes(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        for name in nodes:  # what the Slurm watcher would send as 4 of 4 nodes go
+            await detection.router.submit(
+                IncidentSignal(source="slurm", kind="node_down", nodes=[name], detail="chaos")
+            )
+        storm = detection.router.storm
+        assert storm is not None
+        outcome = await result(temporal_client, storm.incident_id)
+    assert outcome.outcome is Outcome.ESCALATED, outcome.summary
+    assert sum(ctld.drains(n) for n in nodes) == 0
