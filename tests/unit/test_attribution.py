@@ -1,4 +1,4 @@
-"""The Attributor as the recovery loop calls it, the corpus eval gate, and the CLI."""
+"""The Attributor as the recovery loop calls it, and the CLI (corpus gate: test_corpus_real)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import typer
 from typer.testing import CliRunner
 
 from trainmedic.catalog import Attributor
-from trainmedic.catalog.evaluation import evaluate
 from trainmedic.cli.attribute import register
 from trainmedic.domain import (
     Action,
@@ -112,15 +111,6 @@ def test_nothing_found_is_unknown_escalate(tmp_path: Path) -> None:
     assert diagnosis.confidence <= 0.25
 
 
-def test_corpus_eval_meets_thresholds() -> None:
-    report = evaluate(CORPUS, CORPUS / "labels.jsonl", ENGINE)
-    assert report.cases >= 60
-    assert report.category_accuracy >= 0.9, [r for r in report.results if not r.category_ok]
-    assert report.action_accuracy >= 0.9, [r for r in report.results if not r.action_ok]
-    assert report.culprit_accuracy >= 0.9, [r for r in report.results if not r.culprit_ok]
-    assert report.dangerous == []
-
-
 def _app() -> typer.Typer:
     app = typer.Typer()
     register(app)
@@ -163,7 +153,24 @@ def test_cli_eval_json() -> None:
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    for key in ("cases", "category_accuracy", "action_accuracy", "culprit_accuracy", "dangerous"):
+    for key in (
+        "n",
+        "category_accuracy",
+        "action_accuracy",
+        "restart_family_accuracy",
+        "binary_agreement",
+        "stops_caught",
+        "stops",
+        "culprit_accuracy",
+        "culprit_precision",
+        "culprit_recall",
+        "transient_accuracy",
+        "unknown_rate",
+        "dangerous_stops",
+        "dangerous",
+        "false_alarms",
+        "results",
+    ):
         assert key in data
 
 

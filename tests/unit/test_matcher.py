@@ -88,3 +88,27 @@ def test_match_gives_the_same_rules_with_and_without_re2() -> None:
         with_re2 = [(m.rule.id, m.xid) for m in RE2.match(line)]
         assert with_re2 == [(m.rule.id, m.xid) for m in PLAIN.match(line)], line
     assert [m.rule.id for m in RE2.match(lines[-1])] == ["kernel.nvml_ecc_dbe"]
+
+
+@pytest.mark.parametrize("matcher", [RE2, PLAIN], ids=["re2", "re"])
+def test_named_groups_say_whom_a_line_blames(matcher: Matcher) -> None:
+    line = (
+        "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
+        "collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST)"
+    )
+    (hit,) = [m for m in matcher.match(line) if m.rule.id == "torch.collective_mismatch"]
+    assert hit.rank == 1 and hit.host is None
+    line = "srun: error: Task launch for 36.0 failed on node cn131: Job credential expired"
+    (hit,) = [m for m in matcher.match(line) if m.rule.id == "slurm.task_launch_failed"]
+    assert hit.host == "cn131"
+    line = "[rank6]:[E904 ProcessGroupNCCL.cpp:1834] Timeout at NCCL work: 70005, last enqueued"
+    (hit,) = [m for m in matcher.match(line) if m.rule.id == "nccl.watchdog_timeout"]
+    assert hit.seq == 70005
+
+
+def test_context_rules_give_way_on_lines_other_rules_explain() -> None:
+    line = (
+        "[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=9) ran for 600100 milliseconds before timing out."
+    )
+    assert [m.rule.id for m in RE2.match(line)] == ["nccl.watchdog_timeout"]

@@ -2,8 +2,10 @@
 
 Handles the shapes real jobs print: `srun -l` labels (`  3: `), PyTorch's `[rank12]:`,
 torchrun's `[default0]:`, mpirun's `[1,5]<stderr>:`, pdsh/deepspeed `gpu03: `, NCCL's
-`host:pid:tid [dev]`, syslog/journal `Mar  3 10:01:02 gpu03 kernel:`, and Slurm's
-`srun: error: gpu03: task 24: ...`.
+`host:pid:tid [dev]`, syslog/journal `Mar  3 10:01:02 gpu03 kernel:` (also quoted inside a
+line: `Xid errors on instance: ip-26-0-1-2, Error: May 19 07:08:57 ip-26-0-1-2 kernel: ...`),
+Slurm's `srun: error: gpu03: task 24: ...`, and the timestamps that log shippers put in
+front of all of these (`2019-06-02T16:13:44.884Z: `, `[2025-11-09 07:39:30] `).
 """
 
 from __future__ import annotations
@@ -17,12 +19,27 @@ _SRUN_LABEL = re.compile(r"^\s{0,6}(\d{1,6}): ")
 _RANK = re.compile(r"^\[rank(\d{1,6})\]:")
 _DEFAULT = re.compile(r"^\[(?:default|worker|trainer)(\d{1,4})\]:")
 _MPI = re.compile(r"^\[\d+,(\d{1,6})\]<std(?:out|err)>:")
-_HOST_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]{0,62}): ")
+# pdsh/deepspeed "gpu03: ", or a crash handler's (UCX, glog) "[host:pid :thread:tid] ".
+_HOST_PREFIX = re.compile(
+    r"^(?:([A-Za-z][A-Za-z0-9_.-]{0,62}): |\[([A-Za-z][A-Za-z0-9_.-]{0,62}):\d+ ?:\d+(?::\d+)?\] )"
+)
 _NCCL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d+):(\d+) \[(\d{1,3})\]")
+# The same prefix quoted inside a line ("error message: `task-646--1-mhpnk:91:123 [0] ...").
+_NCCL_INNER = re.compile(r"[\s`'\"(]([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\d+:\d+ \[(\d{1,3})\] ")
+
 _SYSLOG = re.compile(
     r"^(?:[A-Z][a-z]{2} [ \d]\d [\d:]{8}|\d{4}-\d\d-\d\d[T ][\d:.]+(?:Z|[+-][\d:]+)?)"
     r" ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}) \S+?(?:\[\d+\])?:"
 )
+# A log shipper's or logger's timestamp in front of the line (ISO date, optional zone,
+# optionally bracketed); stripped so the prefixes behind it are seen.
+_TIMESTAMP = re.compile(
+    r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?: ?(?:Z|[+-]\d\d:?\d\d))?\]?:? "
+)
+_SYSLOG_INNER = re.compile(
+    r"\b[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}) kernel:"
+)
+_IPV4 = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
 _SRUN_ERR = re.compile(r"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? (\d+)")
 _NODE_FAIL = re.compile(r"Node failure on ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})")
 _ELASTIC_HOST = re.compile(r"^\s*host\s+: (\S+)")
@@ -39,9 +56,15 @@ class LineContext:
     task: int | None = None
     node: str | None = None
     gpu: int | None = None
+    # The node was only inferred from a rank or task through the job's layout, not
+    # written on the line (a host prefix, a syslog host, an NCCL prefix).
+    node_from_layout: bool = False
 
 
 def short_host(name: str) -> str:
+    """gpu03.cluster.local -> gpu03; an IP address stays whole."""
+    if _IPV4.match(name):
+        return name
     return name.split(".", 1)[0]
 
 
@@ -83,8 +106,12 @@ def parse_line(line: str, topo: Topology) -> LineContext:
             ctx.local_rank = int(m.group(1))
         elif m := _MPI.match(rest):
             ctx.rank = int(m.group(1))
-        elif (m := _HOST_PREFIX.match(rest)) and (host := topo.plausible_host(m.group(1))):
+        elif (m := _HOST_PREFIX.match(rest)) and (
+            host := topo.plausible_host(m.group(1) or m.group(2))
+        ):
             ctx.node = host
+        elif (m := _TIMESTAMP.match(rest)) and not _SYSLOG.match(rest):
+            pass  # a shipper's timestamp; what follows may be a prefix of its own
         else:
             break
         rest = rest[m.end() :].lstrip()
@@ -96,6 +123,15 @@ def parse_line(line: str, topo: Topology) -> LineContext:
     elif m := _SYSLOG.match(rest):
         host = topo.plausible_host(m.group(1))
         ctx.node = ctx.node or host
+    elif ctx.node is None and (m := _SYSLOG_INNER.search(rest)):
+        ctx.node = topo.plausible_host(m.group(1))
+    elif (
+        ctx.node is None
+        and (m := _NCCL_INNER.search(rest))
+        and (host := topo.plausible_host(m.group(1)))
+    ):
+        ctx.node = host
+        ctx.gpu = int(m.group(2))
     if m := _SRUN_ERR.search(rest):
         ctx.node = topo.plausible_host(m.group(1)) or ctx.node
         ctx.task = int(m.group(2))
@@ -110,6 +146,7 @@ def parse_line(line: str, topo: Topology) -> LineContext:
             ctx.node = topo.node_of_task(ctx.task)
         elif ctx.rank is not None:
             ctx.node = topo.node_of_task(ctx.rank)
+        ctx.node_from_layout = ctx.node is not None
     if ctx.rank is None and ctx.task is not None and topo.tasks_per_node:
         ctx.rank = ctx.task  # one task per rank when tasks per node is given
     return ctx

@@ -5,15 +5,23 @@ Order of reasoning (DESIGN.md "Failure taxonomy"):
    lines) is matched against the catalog and tagged with rank/node/GPU;
 2. root rules beat cascades; among roots the highest precedence wins (hardware over the
    CUDA error it causes), then the earliest line;
-3. culprits are the nodes/ranks where the winning category's roots fired; a "node"
-   fault seen on most nodes is systemic, so nothing is drained;
+3. culprits are the nodes/ranks where the winning category's roots fired, or that the
+   line itself names (a rule's `rank`/`host` groups), or torchelastic's failure summary
+   names; a "node" fault seen on most nodes is systemic, so nothing is drained. Only
+   hardware rules (`blames_node`) isolate nodes; a stop or an escalation still says
+   where the failure happened (it has no effect on the node);
 4. with only cascades or confirmations the answer says so (low confidence, escalate
-   when nothing points anywhere) and carries the best lines.
+   when nothing points anywhere) and carries the best lines; among NCCL timeouts the
+   rank whose collective sequence number lags the others is the one they waited for.
+
+The summary is the winning rule's title ("uncorrectable ECC error"), never a raw line:
+it becomes the headline, the drain reason and the job comment.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +53,10 @@ _SOURCE_ORDER = {
     EvidenceSource.OPERATOR: 4,
 }
 _DOWN_STATES = ("DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL")
+_ISOLATING = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
+_NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes
+_ELASTIC_BLOCK_LINES = 12
+_PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
 @dataclass(slots=True)
@@ -53,6 +65,8 @@ class Finding:
     evidence: Evidence
     order: tuple[int, int, int]  # (source file index, line number, sequence)
     xid: int | None = None
+    seq: int | None = None  # a collective's sequence number, where the line gives one
+    named: bool = False  # the node is written on the line, not inferred from the layout
 
 
 @dataclass(slots=True)
@@ -61,9 +75,21 @@ class _Collector:
     counts: dict[str, int] = field(default_factory=dict)
     nodes: dict[str, set[str]] = field(default_factory=dict)
     ranks: dict[str, set[int]] = field(default_factory=dict)
+    # torchelastic's "Root Cause (first observed failure)" block: host and rank.
     elastic_hosts: list[str] = field(default_factory=list)
     elastic_ranks: list[int] = field(default_factory=list)
+    # The first host/rank of a failure block without a "Root Cause" header (a "Failures:"
+    # list, or an excerpt that starts inside the block), and hosts that context lines
+    # name (a Ray actor's "ip:"); used only where nothing better names a culprit.
+    fallback_hosts: list[str] = field(default_factory=list)
+    fallback_ranks: list[int] = field(default_factory=list)
     seq: int = 0
+
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(self.elastic_hosts or self.fallback_hosts))
+
+    def elastic(self) -> list[int]:
+        return list(dict.fromkeys(self.elastic_ranks or self.fallback_ranks))
 
     def add(self, finding: Finding) -> None:
         rid = finding.rule.id
@@ -122,13 +148,22 @@ class Attributor:
         matches: list[LineMatch] | tuple[LineMatch, ...],
         text: str,
         ctx: LineContext,
+        topo: Topology,
         source: EvidenceSource,
         file: str | None,
         file_index: int,
         line_no: int,
     ) -> None:
         for match in matches:
-            gpu = ctx.gpu
+            node, rank = ctx.node, ctx.rank
+            explicit = node is not None and not ctx.node_from_layout
+            # What the line names beats who logged it: "[rank0]: ... around rank 39".
+            if match.rank is not None:
+                rank = match.rank
+            if match.host and (named := topo.plausible_host(match.host)):
+                node, explicit = named, True
+                if match.rule.role is Role.CONTEXT:
+                    col.fallback_hosts.append(named)
             col.seq += 1
             col.add(
                 Finding(
@@ -139,37 +174,53 @@ class Attributor:
                         file=file,
                         line_no=line_no,
                         rule_id=match.rule.id,
-                        node=ctx.node,
-                        rank=ctx.rank,
-                        gpu=gpu,
+                        node=node,
+                        rank=rank,
+                        gpu=ctx.gpu,
                     ),
                     order=(file_index, line_no, col.seq),
                     xid=match.xid,
+                    seq=match.seq,
+                    named=explicit,
                 )
             )
 
     def _scan_file(self, col: _Collector, path: str, index: int, topo: Topology) -> None:
         scanner = Scanner(self.matcher)
         in_root_cause = 0
+        first_block: dict[str, str | int] = {}
         for hit in scanner.scan_path(path):
             ids = {m.rule.id for m in hit.matches}
             if "torchelastic.child_failed" in ids and "Root Cause" in hit.text:
                 in_root_cause = hit.line_no
                 continue
             if "torchelastic.root_cause_field" in ids:
-                if in_root_cause and hit.line_no - in_root_cause < 12:
-                    got = elastic_field(hit.text)
-                    if got and got[0] == "host" and isinstance(got[1], str):
-                        host = topo.plausible_host(got[1]) or (got[1] if not topo.known else None)
-                        if host:
-                            col.elastic_hosts.append(host)
-                    elif got and got[0] == "rank" and isinstance(got[1], int):
-                        col.elastic_ranks.append(got[1])
+                got = elastic_field(hit.text)
+                if got is None:
+                    continue
+                key, value = got
+                if key == "host" and isinstance(value, str):
+                    value = topo.plausible_host(value) or (value if not topo.known else "")
+                if value == "":
+                    continue
+                if in_root_cause and hit.line_no - in_root_cause < _ELASTIC_BLOCK_LINES:
+                    if key == "host" and isinstance(value, str):
+                        col.elastic_hosts.append(value)
+                    elif isinstance(value, int):
+                        col.elastic_ranks.append(value)
+                else:
+                    # Without the header only the block's first entry counts: later ones
+                    # are the ranks torn down after it.
+                    first_block.setdefault(key, value)
                 continue
             ctx = parse_line(hit.text, topo)
             self._record(
-                col, hit.matches, hit.text, ctx, EvidenceSource.LOG, path, index, hit.line_no
+                col, hit.matches, hit.text, ctx, topo, EvidenceSource.LOG, path, index, hit.line_no
             )
+        if isinstance(host := first_block.get("host"), str):
+            col.fallback_hosts.append(host)
+        if isinstance(rank := first_block.get("rank"), int):
+            col.fallback_ranks.append(rank)
 
     def gather(self, request: AttributionRequest) -> tuple[_Collector, Topology]:
         topo = Topology(request.nodelist, request.tasks_per_node)
@@ -185,12 +236,21 @@ class Attributor:
             if not matches:
                 continue
             ctx = parse_line(item.text, topo)
-            ctx.node = item.node or ctx.node
+            if item.node:
+                ctx.node, ctx.node_from_layout = item.node, False
             ctx.rank = item.rank if item.rank is not None else ctx.rank
             ctx.gpu = item.gpu if item.gpu is not None else ctx.gpu
             line_no = item.line_no if item.line_no is not None else offset + 1
             self._record(
-                col, matches, item.text, ctx, item.source, item.file, base + 1 + offset, line_no
+                col,
+                matches,
+                item.text,
+                ctx,
+                topo,
+                item.source,
+                item.file,
+                base + 1 + offset,
+                line_no,
             )
         if request.slurm is not None:
             for offset, (text, node) in enumerate(slurm_lines(request.slurm, request.nodelist)):
@@ -202,7 +262,15 @@ class Attributor:
                 if matches:
                     ctx = LineContext(node=node)
                     self._record(
-                        col, matches, text, ctx, EvidenceSource.SLURM, None, base + 100_000, offset
+                        col,
+                        matches,
+                        text,
+                        ctx,
+                        topo,
+                        EvidenceSource.SLURM,
+                        None,
+                        base + 100_000,
+                        offset,
                     )
         return col, topo
 
@@ -223,9 +291,9 @@ class Attributor:
             return self._from_cascades(col, cascades, confirms)
         if confirms:
             return self._unknown(
+                col,
                 confirms,
-                "only symptoms (killed/aborted/exit codes) were found; the cause is not in the "
-                "evidence",
+                f"only symptoms ({_titles(confirms)}); the cause is not in the evidence",
                 0.25,
             )
         slurm = request.slurm
@@ -234,7 +302,7 @@ class Attributor:
             summary = (
                 f"job ended with exit code {slurm.exit_code}, signal {slurm.signal}; " + summary
             )
-        return self._unknown([], summary, 0.1)
+        return self._unknown(col, [], summary, 0.1)
 
     def _key(self, finding: Finding) -> tuple[int, int, int, int]:
         return (
@@ -278,34 +346,38 @@ class Attributor:
             }
         )
         notes: list[str] = []
-        if rule.blames_node and not nodes and col.elastic_hosts:
-            nodes = list(dict.fromkeys(col.elastic_hosts))
+        if rule.blames_node and not nodes and col.hosts():
+            nodes = col.hosts()
         if rule.blames_node:
             total = len(topo.nodelist)
             if len(nodes) >= 2 and total and len(nodes) * 2 > total:
                 notes.append(f"seen on {len(nodes)}/{total} nodes: systemic, not one node")
-                if action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING):
+                if action in _ISOLATING:
                     action = Action.ESCALATE
                 confidence *= 0.6
                 nodes = []
-            elif not nodes and action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING):
+            elif not nodes and action in _ISOLATING:
                 notes.append("culprit node not identified")
                 confidence -= 0.15
-        else:
+                if action is Action.RESTART_EXCLUDING:
+                    action = Action.RESTART  # excluding nobody is a plain restart
+        elif action is Action.ESCALATE:
+            # A person looks: say where it happened. Only an escalation names a node that is
+            # not at fault (a restart is verified away from its culprits, a stop is about
+            # the job), and only a node the text writes down, never one inferred from a rank.
+            nodes = _where(same, col)
+        if nodes and action not in _ISOLATING and action is not Action.ESCALATE:
             nodes = []
         # Several independent root categories on different nodes: less sure.
         categories = {f.rule.category for f in roots if f.rule.precedence >= 50}
         if len(categories) > 1:
             confidence -= 0.05
-        if not ranks and col.elastic_ranks and not rule.blames_node:
-            ranks = list(dict.fromkeys(col.elastic_ranks))
+        if not ranks and col.elastic() and not rule.blames_node:
+            ranks = col.elastic()
+        if not ranks and (borrowed := _neighbour_rank(primary, col.all())) is not None:
+            ranks = [borrowed]
         evidence = self._pick_evidence(same, others)
-        summary_line = primary.evidence.text.strip()
-        summary = f"{rule.id}: {summary_line[:160]}"
-        if primary.xid is not None:
-            entry = self.catalog.xids.get(primary.xid)
-            if entry:
-                summary = f"Xid {entry.xid} {entry.description} ({entry.immediate.value})"
+        summary = rule.title
         if notes:
             summary += "; " + "; ".join(notes)
         return Diagnosis(
@@ -327,26 +399,33 @@ class Attributor:
     ) -> Diagnosis:
         cascades.sort(key=lambda f: (-f.rule.confidence, f.order))
         rule = cascades[0].rule
-        ranks = list(dict.fromkeys(col.elastic_ranks))
+        ranks = _lagging_ranks(cascades) or col.elastic()
+        nodes = _where(cascades, col) if rule.action is Action.ESCALATE else []
         evidence = self._pick_evidence(cascades, confirms)
         return Diagnosis(
             category=rule.category,
             action=rule.action,
-            culprit_nodes=[],
+            culprit_nodes=nodes,
             culprit_ranks=ranks,
             transient=rule.transient,
             confidence=round(min(rule.confidence, 0.45), 2),
             evidence=[f.evidence for f in evidence],
             rule_ids=list(dict.fromkeys(f.rule.id for f in evidence)),
             catalog_version=self.catalog.version,
-            summary=f"only cascade symptoms ({rule.id}); no local root error found",
+            summary=f"{rule.title} (a symptom: no local root error found)",
         )
 
-    def _unknown(self, lines: list[Finding], summary: str, confidence: float) -> Diagnosis:
+    def _unknown(
+        self, col: _Collector, lines: list[Finding], summary: str, confidence: float
+    ) -> Diagnosis:
         lines = sorted(lines, key=lambda f: f.order)[:_MAX_EVIDENCE]
+        ranks = list(dict.fromkeys(f.evidence.rank for f in lines if f.evidence.rank is not None))
         return Diagnosis(
             category=Category.UNKNOWN,
             action=Action.ESCALATE,
+            # Escalating touches no node: say where it happened, for the person who looks.
+            culprit_nodes=_where(lines, col),
+            culprit_ranks=col.elastic() or ranks[:64],
             transient=None,
             confidence=confidence,
             evidence=[f.evidence for f in lines],
@@ -373,6 +452,53 @@ class Attributor:
                 if taken >= limit or len(chosen) >= _MAX_EVIDENCE:
                     break
         return chosen
+
+
+def _titles(findings: list[Finding]) -> str:
+    return ", ".join(dict.fromkeys(f.rule.title for f in sorted(findings, key=lambda f: f.order)))
+
+
+def _where(findings: list[Finding], col: _Collector) -> list[str]:
+    """Nodes these lines name (not inferred from ranks), else the failure summary's host."""
+    nodes = list(dict.fromkeys(f.evidence.node for f in findings if f.evidence.node and f.named))
+    return nodes or col.hosts()
+
+
+def _neighbour_rank(finding: Finding, findings: list[Finding]) -> int | None:
+    """The rank of the lines around a line that has none (a long message wrapped by the
+    terminal keeps its `[rank6]:` prefix on the first piece only), if they agree."""
+    if finding.evidence.source is not EvidenceSource.LOG:
+        return None
+    file, line = finding.order[0], finding.order[1]
+    near = {
+        f.evidence.rank
+        for f in findings
+        if f.evidence.rank is not None
+        and f.evidence.source is EvidenceSource.LOG
+        and f.order[0] == file
+        and abs(f.order[1] - line) <= _NEIGHBOUR_LINES
+    }
+    return near.pop() if len(near) == 1 else None
+
+
+def _lagging_ranks(findings: list[Finding]) -> list[int]:
+    """Ranks whose timed-out collective is behind everyone else's in the same process
+    group: the others wait for them (a straggler, or the rank that stopped first)."""
+    by_group: dict[str, dict[int, int]] = {}
+    for f in findings:
+        if f.seq is None or f.evidence.rank is None:
+            continue
+        pg = _PG.search(f.evidence.text)
+        seqs = by_group.setdefault(pg.group(1) if pg else "", {})
+        seqs[f.evidence.rank] = min(f.seq, seqs.get(f.evidence.rank, f.seq))
+    if len(by_group) != 1:
+        return []
+    seqs = next(iter(by_group.values()))
+    low = min(seqs.values(), default=0)
+    behind = sorted(r for r, s in seqs.items() if s == low)
+    if len(set(seqs.values())) < 2 or len(behind) * 2 >= len(seqs):
+        return []
+    return behind
 
 
 def attribute_paths(

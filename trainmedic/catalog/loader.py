@@ -64,12 +64,17 @@ class Catalog:
 
 
 def _xid_rule(entry: XidEntry, policy: BucketPolicy) -> Rule:
+    name = entry.title or entry.description
+    if not name or name in ("Unused", "Reserved") or name.startswith("Reserved "):
+        name = entry.mnemonic.replace("_", " ").lower()
+    transient = entry.transient if "transient" in entry.model_fields_set else policy.transient
     return Rule(
         id=f"kernel.xid_{entry.xid}",
+        title=f"{name} (Xid {entry.xid})"[:80],
         role=policy.role,
         category=entry.category or policy.category,
-        action=policy.action,
-        transient=policy.transient,
+        action=entry.action or policy.action,
+        transient=transient,
         confidence=policy.confidence,
         precedence=policy.precedence,
         blames_node=policy.blames_node,

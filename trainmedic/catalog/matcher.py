@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from trainmedic.catalog.loader import XID_REGEX, Catalog
 from trainmedic.catalog.model import Rule
-from trainmedic.domain import Role
+from trainmedic.domain import Category, Role
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,11 @@ class LineMatch:
     rule: Rule
     xid: int | None = None
     pci: str | None = None
+    # What the line itself names (a pattern's named groups): "Rank 1 is running ...",
+    # "Worker IP address: 10.0.7.57", "SeqNum=70002".
+    rank: int | None = None
+    host: str | None = None
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,7 @@ class _Compiled:
     regex: re.Pattern[str]
     triggers: tuple[str, ...]
     ignore_case: bool
+    captures: bool  # the regex has named groups worth reading
 
 
 def trie_regex(words: list[str]) -> bytes:
@@ -136,6 +142,20 @@ def compile_prefilter(
     return re.compile(trie_regex(sorted(literals)))
 
 
+def _number(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def _with_captures(rule: Rule, hit: re.Match[str]) -> LineMatch:
+    groups = hit.groupdict()
+    return LineMatch(
+        rule,
+        rank=_number(groups.get("rank")),
+        host=groups.get("host") or None,
+        seq=_number(groups.get("seq")),
+    )
+
+
 class Matcher:
     """Compiled view of a Catalog. Thread-safe after construction (read-only)."""
 
@@ -149,8 +169,9 @@ class Matcher:
                 continue  # all Xid rules share one regex, dispatched by number
             for pattern in rule.patterns:
                 triggers = tuple(t.lower() if pattern.ignore_case else t for t in pattern.triggers)
+                regex = pattern.compiled()
                 self._patterns.append(
-                    _Compiled(rule, pattern.compiled(), triggers, pattern.ignore_case)
+                    _Compiled(rule, regex, triggers, pattern.ignore_case, bool(regex.groupindex))
                 )
                 (ci_triggers if pattern.ignore_case else cs_triggers).update(triggers)
         self._xid = re.compile(XID_REGEX)
@@ -206,7 +227,14 @@ class Matcher:
                         candidates.update(indexes)
         for index in sorted(candidates):  # catalog order, as rules are listed
             compiled = self._patterns[index]
-            if compiled.regex.search(line) and not any(f.rule is compiled.rule for f in found):
+            if any(f.rule is compiled.rule for f in found):
+                continue
+            hit = compiled.regex.search(line)
+            if hit is None:
+                continue
+            if compiled.captures:
+                found.append(_with_captures(compiled.rule, hit))
+            else:
                 found.append(LineMatch(compiled.rule))
         if "Xid" in line and self._xid_rules:
             for hit in self._xid.finditer(line):
@@ -214,7 +242,20 @@ class Matcher:
                 if rule is not None and not any(f.rule is rule for f in found):
                     found.append(LineMatch(rule, int(hit.group("xid")), hit.group("pci")))
                 break  # one Xid per line: the first is the event, the rest is payload
+        if len(found) > 1 and any(f.rule.role is Role.CONTEXT for f in found):
+            # Context rules explain lines nothing else does (a wrapped message's prefix, a
+            # summary field); on a line another rule matched they only take evidence slots.
+            found = [f for f in found if f.rule.role is not Role.CONTEXT] or found
         if len(found) > 1 and any(f.rule.role is Role.CASCADE for f in found):
-            # A line that is a known cascade is not also a generic user-code error.
-            found = [f for f in found if not (f.rule.role is Role.ROOT and f.rule.precedence < 25)]
+            # A line that is a known cascade is not also a generic user-code error (other
+            # weak roots, such as a SIGKILL in torchelastic's summary, stay).
+            found = [
+                f
+                for f in found
+                if not (
+                    f.rule.role is Role.ROOT
+                    and f.rule.precedence < 25
+                    and f.rule.category is Category.USER_CODE
+                )
+            ]
         return found

@@ -18,11 +18,18 @@ class CatalogError(ValueError):
     """The catalog data is inconsistent (duplicate id, bad regex, unknown value...)."""
 
 
+# Named groups a pattern may capture: who the line is about, when the line itself says
+# so ("Rank 1 is running collective", "Worker IP address: 10.0.7.57", "SeqNum=70002"); the
+# generated Xid rules capture the Xid number and the GPU's PCI address.
+CAPTURE_GROUPS = frozenset({"rank", "host", "seq", "xid", "pci"})
+
+
 class Pattern(BaseModel):
     """One regex plus the literal trigger terms that any matching line must contain.
 
     Triggers are what makes scanning fast: a line is only handed to the regex when
-    one of its triggers occurs in it (a case-sensitive substring test).
+    one of its triggers occurs in it (a case-sensitive substring test). Named groups
+    (`rank`, `host`, `seq`) tell the engine whom the line blames.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -35,9 +42,15 @@ class Pattern(BaseModel):
     @classmethod
     def _compiles(cls, value: str) -> str:
         try:
-            re.compile(value)
+            compiled = re.compile(value)
         except re.error as error:
             raise ValueError(f"bad regex {value!r}: {error}") from error
+        unknown = set(compiled.groupindex) - CAPTURE_GROUPS
+        if unknown:
+            raise ValueError(
+                f"regex {value!r}: unknown named group(s) {sorted(unknown)} "
+                f"(known: {sorted(CAPTURE_GROUPS)})"
+            )
         return value
 
     @field_validator("triggers")
@@ -58,6 +71,9 @@ class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(pattern=r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
+    # What an operator reads in the headline, the drain reason and the job comment
+    # ("uncorrectable ECC error"), instead of a raw log line with rank prefixes.
+    title: str = Field(min_length=3, max_length=80)
     role: Role
     category: Category
     action: Action
@@ -98,7 +114,12 @@ class XidEntry(BaseModel):
     mnemonic: str
     description: str = ""
     immediate: XidBucket
+    title: str | None = Field(default=None, min_length=3, max_length=60)
     category: Category | None = None  # overrides the bucket's default category
+    # Where real logs show that the bucket's action does not fit this Xid (13/31 are
+    # usually the application's own memory bug: a person looks, no blind restart).
+    action: Action | None = None
+    transient: bool | None = None  # used only when given (None is a value too)
 
 
 class BucketPolicy(BaseModel):
