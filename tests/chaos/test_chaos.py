@@ -30,7 +30,6 @@ from tests.integration.support import (
     start_control,
     submit,
     unique_cluster,
-    wait_for,
 )
 from trainmedic.config import Settings
 from trainmedic.domain import Outcome
@@ -154,6 +153,22 @@ def xid79_on(lab: Lab, node_name: str) -> None:
     )
 
 
+async def running(lab: Lab, job_id: str, detection: Detection | None = None) -> list[str]:
+    """Wait (without blocking the controller's loops) until the job runs, and until the
+    Slurm watcher has seen it there, as a controller that has been up a while has."""
+    placed = await async_wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+    if detection is not None:
+        watcher = detection.slurm.watcher
+
+        def seen() -> bool | None:
+            view = watcher.view
+            seen_job = view.jobs.get(job_id) if view else None
+            return True if seen_job is not None and seen_job.state == "RUNNING" else None
+
+        await async_wait_for(seen, f"the watcher to see job {job_id} run")
+    return placed
+
+
 def script(lab: Lab, body: str) -> Path:
     path = lab.layout.jobs / f"chaos-{uuid.uuid4().hex[:6]}.sh"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +219,7 @@ async def test_three_jobs_on_one_node_that_fails(
             )
         jobs = [submit(lab, 1, "-n", "1") for _ in range(3)]
         for job_id in jobs:
-            assert wait_for(lambda j=job_id: running_on(lab, j), f"job {job_id}") == ["gpu02"]
+            assert await running(lab, job_id, detection) == ["gpu02"]
         for name in others:
             lab.run_client(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
         xid79_on(lab, "gpu02")
@@ -227,7 +242,7 @@ async def test_an_admin_sets_a_node_down_under_a_running_job(
     ctld = SlurmctldLog(lab)
     async with controller_for(lab, temporal_client, controller_settings) as detection:
         job_id = submit(lab, 2)
-        placed = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+        placed = await running(lab, job_id, detection)
         down = placed[1]
         lab.run_client(
             ["scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=admin: fan swap"]
@@ -255,13 +270,13 @@ async def test_an_operator_resumes_our_node_then_another_fails(
     ctld = SlurmctldLog(lab)
     async with controller_for(lab, temporal_client, controller_settings) as detection:
         first = submit(lab, 1, "-w", "gpu01")
-        wait_for(lambda: running_on(lab, first), f"job {first} to run")
+        await running(lab, first, detection)
         xid79_on(lab, "gpu01")
         first_result = await result(temporal_client, (await wait_incidents(detection, first, 1))[0])
         assert first_result.outcome is Outcome.RECOVERED, first_result.summary
         lab.run_client(["scontrol", "update", "NodeName=gpu01", "State=RESUME"])
         second = submit(lab, 1, "-w", "gpu03")
-        wait_for(lambda: running_on(lab, second), f"job {second} to run")
+        await running(lab, second, detection)
         xid79_on(lab, "gpu03")
         second_result = await result(
             temporal_client, (await wait_incidents(detection, second, 1))[0]
@@ -291,7 +306,7 @@ async def test_a_user_prints_forged_xid_lines(
     )
     async with controller_for(lab, temporal_client, controller_settings) as detection:
         job_id = submit(lab, 1, body=body)
-        named = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")[0]
+        named = (await running(lab, job_id, detection))[0]
         await asyncio.sleep(4)
         assert incidents(detection, job_id) == [], "a printed line opened an incident"
         found = await wait_incidents(detection, job_id, 1)
@@ -326,7 +341,7 @@ async def test_a_healthy_job_printing_real_warnings_is_left_alone(
     ctld = SlurmctldLog(lab)
     async with controller_for(lab, temporal_client, controller_settings) as detection:
         job_id = submit(lab, 1, body=body)
-        wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+        await running(lab, job_id, detection)
         await asyncio.sleep(25)
         opened = incidents(detection, job_id)
     assert opened == [], opened
@@ -342,7 +357,7 @@ async def test_slurmctld_paused_in_the_middle_of_an_incident(
     ctld = SlurmctldLog(lab)
     async with controller_for(lab, temporal_client, controller_settings) as detection:
         job_id = submit(lab, 2)
-        placed = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
+        placed = await running(lab, job_id, detection)
         culprit = placed[0]
         xid79_on(lab, culprit)
         found = await wait_incidents(detection, job_id, 1)

@@ -124,19 +124,20 @@ async def check_one_incident(detection: Detection, client: Client, job_id: str) 
 
 CASES = [
     # fault, category, action, culprit is the injected node, resumes
-    ("xid79", Category.GPU_HARDWARE, Action.DRAIN_AND_RESTART, True, True),
-    ("ecc", Category.GPU_MEMORY_ECC, Action.DRAIN_AND_RESTART, True, True),
-    ("nccl-cascade", Category.CUDA_SOFTWARE, Action.RESTART, False, True),
-    ("hang", Category.HANG, Action.RESTART, False, True),
-    ("node-death", Category.NODE_DOWN, Action.DRAIN_AND_RESTART, True, True),
-    ("cuda-oom", Category.OOM_GPU, Action.STOP, False, False),
-    ("user-exception", Category.USER_CODE, Action.STOP, False, False),
-    ("host-oom", Category.OOM_HOST, Action.STOP, False, False),
+    ("xid79", Category.GPU_HARDWARE, Action.DRAIN_AND_RESTART, True, Outcome.RECOVERED),
+    ("ecc", Category.GPU_MEMORY_ECC, Action.DRAIN_AND_RESTART, True, Outcome.RECOVERED),
+    # An illegal memory access: a person must look (issue 8), not a blind restart.
+    ("nccl-cascade", Category.CUDA_SOFTWARE, Action.ESCALATE, False, Outcome.ESCALATED),
+    ("hang", Category.HANG, Action.RESTART, False, Outcome.RECOVERED),
+    ("node-death", Category.NODE_DOWN, Action.DRAIN_AND_RESTART, True, Outcome.RECOVERED),
+    ("cuda-oom", Category.OOM_GPU, Action.STOP, False, Outcome.STOPPED),
+    ("user-exception", Category.USER_CODE, Action.STOP, False, Outcome.STOPPED),
+    ("host-oom", Category.OOM_HOST, Action.STOP, False, Outcome.STOPPED),
 ]
 
 
 @pytest.mark.parametrize(
-    ("fault", "category", "action", "node_culprit", "resumes"), CASES, ids=[c[0] for c in CASES]
+    ("fault", "category", "action", "node_culprit", "outcome"), CASES, ids=[c[0] for c in CASES]
 )
 async def test_fault_is_detected_attributed_and_recovered(
     clean_lab: Lab,
@@ -146,7 +147,7 @@ async def test_fault_is_detected_attributed_and_recovered(
     category: Category,
     action: Action,
     node_culprit: bool,
-    resumes: bool,
+    outcome: Outcome,
 ) -> None:
     reset_nodes(clean_lab)
     job_id, placed, _ = await train(clean_lab)
@@ -166,8 +167,8 @@ async def test_fault_is_detected_attributed_and_recovered(
         )
     await check_one_incident(detection, temporal_client, job_id)
 
-    if resumes:
-        assert result.outcome is Outcome.RECOVERED, result.summary
+    assert result.outcome is outcome, result.summary
+    if outcome is Outcome.RECOVERED:
         step = await asyncio.to_thread(
             wait_for, lambda: resumed_from_checkpoint(clean_lab, job_id), "resume from checkpoint"
         )
@@ -176,7 +177,8 @@ async def test_fault_is_detected_attributed_and_recovered(
         assert now_on
         if action is Action.DRAIN_AND_RESTART:
             assert target not in now_on
-            assert "DRAIN" in node(clean_lab, target)["State"]
+            # Drained by us, or already DOWN in Slurm (a dead node: already true).
+            state = node(clean_lab, target)["State"]
+            assert "DRAIN" in state or "DOWN" in state, state
     else:
-        assert result.outcome is Outcome.STOPPED, result.summary
         assert job(clean_lab, job_id)["JobState"] in {"FAILED", "CANCELLED", "OUT_OF_MEMORY"}
