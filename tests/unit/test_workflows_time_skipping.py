@@ -8,18 +8,23 @@ tested as pure functions in test_rails.py and on the real dev server.)
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from dataclasses import dataclass
 
 import pytest
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from trainmedic.config import Policy, parse_policy
-from trainmedic.domain import Action, Category, Diagnosis, Outcome
+from trainmedic.domain import Action, Category, Diagnosis, Evidence, EvidenceSource, Outcome
 from trainmedic.domain.activity_io import (
     ApplyEffectRequest,
+    ConsistencyReport,
+    ConsistencyRequest,
     ControlRef,
     EffectOutcome,
     Gathered,
@@ -31,13 +36,30 @@ from trainmedic.domain.activity_io import (
 )
 from trainmedic.domain.control import ControlState, IsolationGrant, RestartGrant
 from trainmedic.domain.diagnosis import AttributionRequest
-from trainmedic.domain.incident import EffectStatus, IncidentInput
+from trainmedic.domain.incident import (
+    DecisionPayload,
+    EffectStatus,
+    IncidentInput,
+    IncidentResult,
+)
 from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode
 
 # -- RecoveryWorkflow with stand-in activities ---------------------------------------
 
 JOB = SlurmJob(job_id="7", state="FAILED", partition="gpu", nodes=["gpu01", "gpu02"])
 applied: list[str] = []
+
+
+@dataclass
+class Behaviour:
+    """How the stand-in world answers (each test sets what it breaks)."""
+
+    isolation_granted: bool = True
+    failing_effect: str | None = None  # this effect id fails for good
+    runs_again: bool = True
+
+
+world = Behaviour()
 
 
 def make_activities(policy: Policy) -> list[object]:
@@ -59,10 +81,15 @@ def make_activities(policy: Policy) -> list[object]:
             confidence=0.9,
             catalog_version="t",
             summary="Xid 79",
+            evidence=[Evidence(source=EvidenceSource.KERNEL, text="NVRM: Xid 79", node="gpu02")],
         )
 
     @activity.defn(name="reserve_isolation")
     async def reserve_isolation(request: ReserveIsolation) -> IsolationGrant:
+        if not world.isolation_granted:
+            return IsolationGrant(
+                granted=False, reason="isolation budget spent: 2 of 2", breaker_tripped=True
+            )
         return IsolationGrant(granted=True, reason="ok")
 
     @activity.defn(name="reserve_restart")
@@ -71,6 +98,8 @@ def make_activities(policy: Policy) -> list[object]:
 
     @activity.defn(name="apply_effect")
     async def apply_effect(request: ApplyEffectRequest) -> EffectOutcome:
+        if request.effect.id == world.failing_effect:
+            raise ApplicationError("scontrol: Invalid job id specified", non_retryable=True)
         applied.append(request.effect.id)
         return EffectOutcome(
             status=EffectStatus.APPLIED,
@@ -79,7 +108,13 @@ def make_activities(policy: Policy) -> list[object]:
 
     @activity.defn(name="verify_job")
     async def verify_job(request: VerifyRequest) -> VerifyResult:
+        if not world.runs_again:
+            return VerifyResult(running=False, state="PENDING", detail="still PENDING (Resources)")
         return VerifyResult(running=True, state="RUNNING", nodes=["gpu01", "gpu03"])
+
+    @activity.defn(name="check_consistency")
+    async def check_consistency(request: ConsistencyRequest) -> ConsistencyReport:
+        return ConsistencyReport(summary="node gpu02 IDLE+DRAIN (drained by this incident)")
 
     return [
         control_snapshot,
@@ -89,24 +124,33 @@ def make_activities(policy: Policy) -> list[object]:
         reserve_restart,
         apply_effect,
         verify_job,
+        check_consistency,
     ]
 
 
-async def run_incident(client: Client, policy_yaml: str) -> tuple[Outcome, list[str], list[str]]:
+async def run_incident_result(
+    client: Client, policy_yaml: str, behaviour: Behaviour | None = None
+) -> IncidentResult:
     from trainmedic.workflows.recovery import RecoveryWorkflow
 
+    global world
+    world = behaviour or Behaviour()
     policy = parse_policy(policy_yaml)
     queue = f"ts-{uuid.uuid4().hex[:6]}"
     applied.clear()
     async with Worker(
         client, task_queue=queue, workflows=[RecoveryWorkflow], activities=make_activities(policy)
     ):
-        result = await client.execute_workflow(
+        return await client.execute_workflow(
             RecoveryWorkflow.run,
             IncidentInput(cluster="ts", job_id="7"),
             id=f"incident-ts-7-{queue}",
             task_queue=queue,
         )
+
+
+async def run_incident(client: Client, policy_yaml: str) -> tuple[Outcome, list[str], list[str]]:
+    result = await run_incident_result(client, policy_yaml)
     return result.outcome, list(applied), [d.by for d in result.decisions]
 
 
@@ -128,3 +172,94 @@ async def test_approval_timeout_fallbacks(
     assert got is outcome
     assert done == effects
     assert set(deciders) == {"trainmedic:timeout"}
+
+
+# -- recovery paths no lab test reaches (issue 9.10) --------------------------------------
+
+AUTO = "mode: {default: auto}"
+
+
+async def test_an_effect_that_fails_escalates_and_says_which(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    result = await run_incident_result(
+        time_skipping_env.client, AUTO, Behaviour(failing_effect="requeue-7")
+    )
+    assert result.outcome is Outcome.ESCALATED
+    assert "an effect failed" in result.summary and "Invalid job id" in result.summary
+    assert [(e.id, e.status) for e in result.effects] == [
+        ("drain-gpu02", EffectStatus.APPLIED),
+        ("requeue-7", EffectStatus.FAILED),
+    ]
+
+
+async def test_a_job_that_does_not_run_again_escalates(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    result = await run_incident_result(time_skipping_env.client, AUTO, Behaviour(runs_again=False))
+    assert result.outcome is Outcome.ESCALATED
+    assert "did not run again" in result.summary and "Resources" in result.summary
+
+
+async def test_effects_after_a_blocked_one_are_skipped_not_done(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    result = await run_incident_result(
+        time_skipping_env.client, AUTO, Behaviour(isolation_granted=False)
+    )
+    assert result.outcome is Outcome.ESCALATED
+    assert "a safety rail stopped recovery" in result.summary
+    assert [(e.id, e.status) for e in result.effects] == [
+        ("drain-gpu02", EffectStatus.BLOCKED),
+        ("requeue-7", EffectStatus.SKIPPED),
+    ]
+    assert "an earlier effect was blocked" in result.effects[1].note
+    assert applied == []
+
+
+async def test_cancel_after_an_applied_effect_says_what_was_done(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    from trainmedic.workflows.recovery import RecoveryWorkflow
+
+    global world
+    world = Behaviour()
+    client = time_skipping_env.client
+    policy = parse_policy("mode: {default: approve}\napproval: {timeout: 2h}")
+    queue = f"ts-{uuid.uuid4().hex[:6]}"
+    applied.clear()
+    async with Worker(
+        client, task_queue=queue, workflows=[RecoveryWorkflow], activities=make_activities(policy)
+    ):
+        handle = await client.start_workflow(
+            RecoveryWorkflow.run,
+            IncidentInput(cluster="ts", job_id="7"),
+            id=f"incident-ts-7-{queue}",
+            task_queue=queue,
+        )
+
+        async def awaiting(effect_id: str) -> None:
+            for _ in range(200):
+                status = await handle.query(RecoveryWorkflow.status)
+                if any(
+                    e.id == effect_id and e.status is EffectStatus.AWAITING_APPROVAL
+                    for e in status.effects
+                ):
+                    return
+                await asyncio.sleep(0.05)
+            pytest.fail(f"{effect_id} never awaited approval")
+
+        await awaiting("drain-gpu02")
+        await handle.signal(
+            RecoveryWorkflow.approve, DecisionPayload(action="drain-gpu02", by="ops")
+        )
+        await awaiting("requeue-7")
+        await handle.cancel()
+        result = await handle.result()
+    assert result.outcome is Outcome.CANCELLED
+    assert applied == ["drain-gpu02"]
+    assert "drain gpu02" in result.summary and "drained by this incident" in result.summary
+    assert [(e.id, e.status) for e in result.effects] == [
+        ("drain-gpu02", EffectStatus.APPLIED),
+        ("requeue-7", EffectStatus.SKIPPED),
+    ]
