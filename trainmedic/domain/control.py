@@ -23,6 +23,9 @@ class Isolation(BaseModel):
     partition: str
     incident_id: str
     at: datetime
+    # Slurm has shown the node out since the reservation: from then on, the node back
+    # in service means someone released it (no grace for a drain still on its way).
+    seen_out: bool = False
 
 
 class RestartRecord(BaseModel):

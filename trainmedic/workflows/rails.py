@@ -41,8 +41,12 @@ def reconcile_isolations(
     for isolation in state.isolations:
         if held_out is None:
             held = isolation.at >= now - state.policy.rails.isolation_window
+        elif isolation.node in out_now:
+            isolation.seen_out = True
+            held = True
         else:
-            held = isolation.node in out_now or isolation.at >= now - PENDING_DRAIN_GRACE
+            # Back in service: released by someone, unless its drain is still on its way.
+            held = not isolation.seen_out and isolation.at >= now - PENDING_DRAIN_GRACE
         if held:
             keep.append(isolation)
         else:
