@@ -92,6 +92,10 @@ def make_activities(policy: Policy) -> list[object]:
             )
         return IsolationGrant(granted=True, reason="ok")
 
+    @activity.defn(name="confirm_isolation")
+    async def confirm_isolation(request: ReserveIsolation) -> bool:
+        return True
+
     @activity.defn(name="reserve_restart")
     async def reserve_restart(request: ReserveRestart) -> RestartGrant:
         return RestartGrant(granted=True, reason="ok")
@@ -121,6 +125,7 @@ def make_activities(policy: Policy) -> list[object]:
         gather_evidence,
         attribute,
         reserve_isolation,
+        confirm_isolation,
         reserve_restart,
         apply_effect,
         verify_job,

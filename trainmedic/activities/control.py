@@ -86,6 +86,13 @@ class ControlActivities:
         )
         return grant
 
+    @activity.defn(name="confirm_isolation")
+    async def confirm_isolation(self, request: ReserveIsolation) -> bool:
+        confirmed: bool = await self._reserve(
+            request.cluster, ControlWorkflow.confirm_isolation, request.request, "isolation"
+        )
+        return confirmed
+
     @activity.defn(name="reserve_restart")
     async def reserve_restart(self, request: ReserveRestart) -> RestartGrant:
         grant: RestartGrant = await self._reserve(

@@ -87,6 +87,7 @@ def build_activities(
         attribution.attribute,
         control.control_snapshot,
         control.reserve_isolation,
+        control.confirm_isolation,
         control.reserve_restart,
     ]
 

@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from trainmedic.domain.enums import Mode
     from trainmedic.temporal.search_attributes import TM_CLUSTER, TM_MODE
-    from trainmedic.workflows.rails import grant_isolation, grant_restart
+    from trainmedic.workflows.rails import confirm_isolation, grant_isolation, grant_restart
 
 BREAKER = "trainmedic:breaker"
 
@@ -143,6 +143,11 @@ class ControlWorkflow:
         if grant.breaker_tripped:
             self._trip(grant.reason, workflow.now())
         return grant
+
+    @workflow.update
+    def confirm_isolation(self, request: IsolationRequest) -> bool:
+        """A reserved node's drain took effect (rails.confirm_isolation)."""
+        return confirm_isolation(self.state, request)
 
     @workflow.update
     def reserve_restart(self, request: RestartRequest) -> RestartGrant:

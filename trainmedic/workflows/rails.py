@@ -55,6 +55,16 @@ def reconcile_isolations(
     return released
 
 
+def confirm_isolation(state: ControlState, request: IsolationRequest) -> bool:
+    """The node's drain took effect (or it was already out): from now on, seeing it back
+    in service means someone released it. False when the ledger has no such entry."""
+    for isolation in state.isolations:
+        if isolation.node == request.node:
+            isolation.seen_out = True
+            return True
+    return False
+
+
 def grant_isolation(
     state: ControlState, request: IsolationRequest, now: datetime
 ) -> IsolationGrant:

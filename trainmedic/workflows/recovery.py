@@ -331,6 +331,7 @@ class RecoveryWorkflow:
                     blocked = True
                     continue
                 await self._apply(effect)
+                await self._confirm_isolation(effect, request.cluster, gathered)
             finally:
                 self._record_effects()
 
@@ -458,6 +459,32 @@ class RecoveryWorkflow:
         effect.note = grant.reason
         workflow.logger.warning("%s blocked by a safety rail: %s", effect.id, grant.reason)
         return False
+
+    async def _confirm_isolation(
+        self, effect: PlannedEffect, cluster: str, gathered: Gathered
+    ) -> None:
+        """Tell the ledger a drain took effect, so the node's return to service later
+        reads as a release (an operator's resume), not as a drain still on its way."""
+        if effect.kind is not EffectKind.DRAIN_NODE or not effect.node:
+            return
+        if effect.status not in (EffectStatus.APPLIED, EffectStatus.ALREADY_TRUE):
+            return
+        partition = effect.partition or "default"
+        await workflow.execute_activity(
+            "confirm_isolation",
+            ReserveIsolation(
+                cluster=cluster,
+                request=IsolationRequest(
+                    incident_id=workflow.info().workflow_id,
+                    node=effect.node,
+                    partition=partition,
+                    partition_size=gathered.partition_sizes.get(partition, 0),
+                ),
+            ),
+            result_type=bool,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=READ_RETRY,
+        )
 
     def _progress(self) -> str | None:
         markers = [s.progress for s in self.signals if s.progress]
