@@ -12,7 +12,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from trainmedic.domain.incident import IncidentInput, IncidentSignal
 from trainmedic.errors import DeliveryError
-from trainmedic.watchers.router import IncidentRouter
+from trainmedic.watchers.router import HeldSignals, IncidentRouter
 from trainmedic.workflows.quarantine import QuarantineInput
 
 
@@ -218,3 +218,48 @@ async def test_a_failing_client_raises_delivery_error_so_spools_keep_the_report(
 
     with pytest.raises(DeliveryError, match="temporal down"):
         await router(Broken(), Clock()).submit(sig("job_failed", "1", run=0))
+
+
+async def test_held_signals_wait_for_temporal_in_order_and_lose_nothing() -> None:
+    """Issue 9.6: reports of watchers without a spool survive a Temporal outage."""
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.down = True
+            self.got: list[str] = []
+
+        async def submit(self, signal: IncidentSignal) -> None:
+            if self.down:
+                raise DeliveryError("temporal down")
+            self.got.append(signal.kind)
+
+    sink = Flaky()
+    held = HeldSignals(sink, limit=3)
+    for kind in ("a", "b", "c"):
+        await held.submit(sig(kind, "1"))
+    assert sink.got == [] and [s.kind for s in held.held] == ["a", "b", "c"]
+    assert await held.flush() == 0  # still down: nothing lost, nothing reordered
+    await held.submit(sig("d", "1"))  # over the bound: the oldest goes, and says so
+    assert held.dropped == 1
+    sink.down = False
+    assert await held.flush() == 3
+    assert sink.got == ["b", "c", "d"] and not held.held
+    await held.submit(sig("e", "1"))  # nothing held: straight through
+    assert sink.got[-1] == "e"
+
+
+async def test_held_signals_queue_behind_those_already_waiting() -> None:
+    class Recording:
+        def __init__(self) -> None:
+            self.got: list[str] = []
+
+        async def submit(self, signal: IncidentSignal) -> None:
+            self.got.append(signal.kind)
+
+    sink = Recording()
+    held = HeldSignals(sink)
+    held.held.append(sig("first", "1"))  # left from an outage
+    await held.submit(sig("second", "1"))
+    assert sink.got == []  # not ahead of the older report
+    await held.flush()
+    assert sink.got == ["first", "second"]

@@ -31,6 +31,7 @@ the router logs it and opens nothing (that run's failure was handled).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -49,6 +50,7 @@ from trainmedic.adapters.slurm.runner import LocalRunner
 from trainmedic.config import Settings
 from trainmedic.domain.incident import IncidentInput, IncidentSignal
 from trainmedic.errors import DeliveryError
+from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.epilog import EpilogSpool, spool_dir
 from trainmedic.watchers.slurm import JsonSource, SlurmWatcher
 from trainmedic.workflows.quarantine import (
@@ -312,19 +314,84 @@ class IncidentRouter:
         )
 
 
+class HeldSignals:
+    """A SignalSink for watchers that cannot keep a report themselves (the Slurm poll, the
+    log tails, in-process node agents): a signal Temporal did not take is held, in
+    order, and delivered when Temporal answers again, instead of being lost.
+
+    Spools do not need this: they keep their file until the router has the report.
+    Bounded: past `limit` held signals the oldest are dropped, with an error logged,
+    since a controller that cannot reach Temporal for that long has a person on it.
+    """
+
+    def __init__(self, sink: SignalSink, *, limit: int = 10_000, retry: float = 2.0) -> None:
+        self.sink = sink
+        self.limit = limit
+        self.retry = retry
+        self.held: deque[IncidentSignal] = deque()
+        self.dropped = 0
+
+    async def submit(self, signal: IncidentSignal) -> None:
+        if self.held:  # behind the ones already waiting: reports keep their order
+            self._hold(signal)
+            return
+        try:
+            await self.sink.submit(signal)
+        except DeliveryError as error:
+            logger.warning("holding signals until Temporal answers again: %s", error)
+            self._hold(signal)
+
+    def _hold(self, signal: IncidentSignal) -> None:
+        if len(self.held) >= self.limit:
+            self.held.popleft()
+            self.dropped += 1
+            logger.error(
+                "%d signals held for Temporal; dropped the oldest (%d dropped so far)",
+                self.limit,
+                self.dropped,
+            )
+        self.held.append(signal)
+
+    async def flush(self) -> int:
+        """Deliver what is held, oldest first; stops at the first failure. Returns the
+        number delivered."""
+        delivered = 0
+        while self.held:
+            try:
+                await self.sink.submit(self.held[0])
+            except DeliveryError:
+                break
+            self.held.popleft()
+            delivered += 1
+        if delivered:
+            logger.info("delivered %d held signal(s); %d still held", delivered, len(self.held))
+        return delivered
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if self.held:
+                await self.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.retry)
+
+
 # ----------------------------------------------------------------------------- wiring
 
 
 @dataclass
 class SlurmDetection:
-    """The Slurm watcher, the epilog/strigger spool and the router, wired together."""
+    """The Slurm watcher, the epilog/strigger spool and the router, wired together.
+
+    `held` sits in front of the router for watchers that have no spool of their own, so
+    their reports survive a Temporal outage; the spool keeps its files instead."""
 
     router: IncidentRouter
     watcher: SlurmWatcher
     spool: EpilogSpool
+    held: HeldSignals
 
     async def run(self, stop: asyncio.Event) -> None:
-        await asyncio.gather(self.watcher.run(stop), self.spool.run(stop))
+        await asyncio.gather(self.watcher.run(stop), self.spool.run(stop), self.held.run(stop))
 
 
 def build_slurm_detection(
@@ -356,11 +423,12 @@ def build_slurm_detection(
         if runner is not None
         else None
     )
-    watcher = SlurmWatcher(backend, router, interval, cluster=settings.cluster, source=source)
+    held = HeldSignals(router)
+    watcher = SlurmWatcher(backend, held, interval, cluster=settings.cluster, source=source)
     router.run_lookup = watcher.job_run
     router.node_count = watcher.node_count
     spool = EpilogSpool(spool_folder or spool_dir(settings.state_dir), router, backend=backend)
-    return SlurmDetection(router=router, watcher=watcher, spool=spool)
+    return SlurmDetection(router=router, watcher=watcher, spool=spool, held=held)
 
 
 def local_runner(settings: Settings) -> CommandRunner | None:
