@@ -16,12 +16,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from tests.chaos.test_chaos import (
+from tests.chaos.support import (
     AUTO,
     SlurmctldLog,
     controller_for,
     incidents,
-    lab,  # noqa: F401 - the fixture, shared
     running,
     wait_incidents,
     xid79_on,
