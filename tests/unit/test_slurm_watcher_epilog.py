@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainmedic.adapters.slurm.errors import NoSuchJob
 from trainmedic.adapters.slurm.protocol import CompletedCommand
-from trainmedic.domain.slurm import ExitStatus, SlurmJob
+from trainmedic.domain.slurm import ExitStatus, SlurmJob, SlurmNode
 from trainmedic.watchers.base import ListSink
 from trainmedic.watchers.epilog import (
     EpilogSpool,
@@ -50,13 +50,18 @@ def test_report_from_a_wait_status_and_a_slurmd_epilog() -> None:
 
 
 class Jobs:
-    def __init__(self, jobs: dict[str, SlurmJob]) -> None:
+    def __init__(self, jobs: dict[str, SlurmJob], down: tuple[str, ...] = ("gpu04",)) -> None:
         self.jobs = jobs
+        self.down = down
 
     async def get_job(self, job_id: str) -> SlurmJob:
         if job_id not in self.jobs:
             raise NoSuchJob(job_id)
         return self.jobs[job_id]
+
+    async def get_node(self, name: str) -> SlurmNode:
+        # strigger reports are confirmed with Slurm before they count.
+        return SlurmNode(name=name, state="DOWN" if name in self.down else "IDLE")
 
 
 async def test_spool_turns_failures_into_signals_and_drops_successes(tmp_path: Path) -> None:

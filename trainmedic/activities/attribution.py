@@ -1,13 +1,28 @@
-"""The attribute activity: the catalog engine, off the event loop."""
+"""The attribute activity: the catalog engine, off the event loop, bounded.
+
+The logs it scans are written by the job's owner, so the scan must end whatever they
+are: each file is cut to its last `max_scan_bytes` (the failure is at the end), the
+whole scan stops after `scan_timeout` and decides on what it read, non-regular files
+(a FIFO, /dev/zero) are refused, and what was skipped is said in the diagnosis summary.
+The scan runs in a thread; the activity heartbeats while it runs, and when the activity
+is cancelled or times out the thread stops at its next block (no thread piles up over
+retries).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import timedelta
 from typing import Protocol
 
 from temporalio import activity
 
+from trainmedic.catalog.scanner import DEFAULT_MAX_SCAN_BYTES, ScanLimits, scan_limits
 from trainmedic.domain.diagnosis import AttributionRequest, Diagnosis
+
+DEFAULT_SCAN_TIMEOUT = timedelta(minutes=2)  # well inside the workflow's 5 min timeout
+_HEARTBEAT_EVERY = 5.0  # seconds; the workflow's heartbeat timeout is 60 s
 
 
 class Attributor(Protocol):
@@ -15,13 +30,49 @@ class Attributor(Protocol):
 
 
 class AttributionActivities:
-    def __init__(self, attributor: Attributor) -> None:
+    def __init__(
+        self,
+        attributor: Attributor,
+        *,
+        max_scan_bytes: int | None = DEFAULT_MAX_SCAN_BYTES,
+        scan_timeout: timedelta = DEFAULT_SCAN_TIMEOUT,
+        heartbeat_every: float = _HEARTBEAT_EVERY,
+    ) -> None:
         self._attributor = attributor
+        self.max_scan_bytes = max_scan_bytes
+        self.scan_timeout = scan_timeout
+        self.heartbeat_every = heartbeat_every
 
     @activity.defn(name="attribute")
     async def attribute(self, request: AttributionRequest) -> Diagnosis:
+        limits = ScanLimits(max_bytes=self.max_scan_bytes)
+        budget = self.scan_timeout.total_seconds()
+
+        def scan() -> Diagnosis:
+            # The deadline starts when the thread does, not when the task was queued.
+            limits.deadline = time.monotonic() + budget
+            with scan_limits(limits):
+                return self._attributor.attribute(request)
+
         # Scanning logs is blocking file I/O and CPU: a thread keeps the worker responsive.
-        diagnosis = await asyncio.to_thread(self._attributor.attribute, request)
+        work = asyncio.ensure_future(asyncio.to_thread(scan))
+        # Whatever becomes of this activity, the thread's outcome is collected (no
+        # "exception never retrieved" when it stops on the cancel flag).
+        work.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            while True:
+                activity.heartbeat({"files": limits.files, "bytes": limits.bytes_scanned})
+                finished, _ = await asyncio.wait({work}, timeout=self.heartbeat_every)
+                if finished:
+                    break
+            diagnosis = work.result()
+        finally:
+            # Cancelled, timed out or done: the thread stops at its next block.
+            limits.cancel.set()
+        if limits.notes:
+            skipped = "; ".join(limits.notes[:8])
+            summary = f"{diagnosis.summary}; scan limits: {skipped}".lstrip("; ")
+            diagnosis = diagnosis.model_copy(update={"summary": summary})
         activity.logger.info(
             "job %s: %s (%s, confidence %.2f, rules %s)",
             request.job_id,

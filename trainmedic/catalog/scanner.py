@@ -4,13 +4,28 @@ Reads big byte blocks, runs the trigger prefilter over the whole block, and only
 splits out the lines around prefilter hits. Invalid UTF-8 is replaced, NUL bytes
 dropped, and lines longer than `max_line` bytes are cut into chunks (the chunks keep
 the line's number), so one multi-megabyte line never has to sit in memory whole.
+
+Log files are the job owner's: `scan_path` opens them without blocking (O_NONBLOCK, so a
+FIFO cannot stall the open) and scans regular files only (a FIFO, /dev/zero or a socket
+is refused with `NotRegularFile`), and never reads past the size the file had when it
+was opened (a writer that keeps appending cannot make a scan endless). Under
+`scan_limits(...)` (the `attribute` activity) each file is also cut to its last
+`max_bytes`, the whole scan stops at `deadline`, a `cancel` event stops it at the next
+block, and what was skipped is written to `notes`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
+import stat
+import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmedic.catalog.matcher import LineMatch, Matcher
@@ -19,7 +34,91 @@ log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 4 << 20
 MAX_LINE = 64 << 10
+DEFAULT_MAX_SCAN_BYTES = 64 << 20  # per file: the failure is at the end of a log
 _TEXT_KEEP = 2000  # characters of a matched line kept as evidence
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+class NotRegularFile(OSError):
+    """A log path that is a FIFO, device, socket or directory: never read."""
+
+
+class ScanCancelled(Exception):
+    """The scan's owner gave up (activity cancelled or timed out): stop now."""
+
+
+@dataclass(slots=True)
+class ScanLimits:
+    """Bounds on one attribution's scans; shared with the thread that scans."""
+
+    max_bytes: int | None = DEFAULT_MAX_SCAN_BYTES  # per file, from its end
+    deadline: float | None = None  # time.monotonic() at which scanning stops
+    cancel: threading.Event = field(default_factory=threading.Event)
+    notes: list[str] = field(default_factory=list)
+    bytes_scanned: int = 0  # all files so far (heartbeat details)
+    files: int = 0
+    out_of_time: bool = False
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < 32:
+            self.notes.append(text)
+        log.warning("attribution scan: %s", text)
+
+    def check(self) -> bool:
+        """False once out of time; raises ScanCancelled once cancelled."""
+        if self.cancel.is_set():
+            raise ScanCancelled
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.out_of_time = True
+        return not self.out_of_time
+
+
+_LIMITS: ContextVar[ScanLimits | None] = ContextVar("trainmedic_scan_limits", default=None)
+
+
+@contextlib.contextmanager
+def scan_limits(limits: ScanLimits) -> Iterator[ScanLimits]:
+    """Apply `limits` to every `scan_path` in this context (thread or task)."""
+    token = _LIMITS.set(limits)
+    try:
+        yield limits
+    finally:
+        _LIMITS.reset(token)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def open_log(path: str | Path) -> tuple[int, os.stat_result]:
+    """A descriptor on a regular file, opened without blocking; NotRegularFile otherwise.
+
+    Symbolic links are followed: sites point job output at other file systems that way,
+    and the type check below is made on what was actually opened.
+    """
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", str(path))
+    return fd, st
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return f"type {stat.S_IFMT(mode):o}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +138,11 @@ def clip(text: str) -> str:
 
 def looks_binary(path: str | Path, probe: int = 8192) -> bool:
     """True for files that are clearly not text logs (many NULs / control bytes)."""
-    with open(path, "rb") as handle:
-        head = handle.read(probe)
+    fd, _ = open_log(path)
+    try:
+        head = os.read(fd, probe)
+    finally:
+        os.close(fd)
     if not head:
         return False
     controls = sum(1 for b in head if b < 9 or 13 < b < 32)
@@ -58,11 +160,37 @@ class Scanner:
         self.lines_scanned = 0
 
     def scan_path(self, path: str | Path) -> Iterator[ScanHit]:
-        with open(path, "rb") as handle:
-            yield from self.scan_stream(handle)
+        """Hits in one log file, within the current `scan_limits` (see the module doc)."""
+        limits = _LIMITS.get()
+        if limits is not None and not limits.check():
+            limits.note(f"{path}: not scanned, the scan's time cap was reached")
+            return
+        try:
+            fd, st = open_log(path)
+        except NotRegularFile as error:
+            if limits is not None:
+                limits.note(f"{path}: not scanned, {error.strerror}")
+            raise
+        with os.fdopen(fd, "rb", buffering=0) as handle:
+            size, start = st.st_size, 0
+            if limits is not None:
+                limits.files += 1
+                if limits.max_bytes is not None and size > limits.max_bytes:
+                    start = size - limits.max_bytes
+                    handle.seek(start)
+                    limits.note(
+                        f"{path}: scanned the last {_mib(limits.max_bytes)} of {_mib(size)}; "
+                        "line numbers count from there"
+                    )
+            yield from self.scan_stream(handle, limit=size - start, path=str(path))
 
-    def scan_stream(self, handle: object) -> Iterator[ScanHit]:
+    def scan_stream(
+        self, handle: object, *, limit: int | None = None, path: str = "stream"
+    ) -> Iterator[ScanHit]:
         """Hits in a binary stream, in order; memory is bounded by the block size.
+
+        At most `limit` bytes are read (the file's size at open: a file that keeps
+        growing still ends). The current `scan_limits` are checked once per block.
 
         The stream is read into one reused buffer (`readinto` where the stream has it):
         allocating a fresh multi-megabyte block per read costs as much as the scan.
@@ -76,14 +204,26 @@ class Scanner:
         view = memoryview(buf)
         line_no = 1  # number of the line that starts at offset 0 of `buf`
         kept = 0  # bytes of the carried line at the front of `buf`
+        limits = _LIMITS.get()
+        left = limit
         try:
             while True:
-                if readinto is not None:
-                    got = readinto(view[kept : kept + step]) or 0
+                want = step if left is None else min(step, left)
+                if limits is not None and want and not limits.check():
+                    limits.note(f"{path}: time cap reached; the rest was not scanned")
+                    want = 0
+                if not want:
+                    got = 0
+                elif readinto is not None:
+                    got = readinto(view[kept : kept + want]) or 0
                 else:
-                    block = read(step)
+                    block = read(want)
                     got = len(block)
                     buf[kept : kept + got] = block
+                if left is not None:
+                    left -= got
+                if limits is not None:
+                    limits.bytes_scanned += got
                 eof = got == 0
                 filled = kept + got
                 if not filled:

@@ -4,6 +4,12 @@ It reads the job's end from the environment Slurm gives the epilog (flags overri
 writes one report into the controller's spool and exits 0 — always, within about two
 seconds: a failing slurmd Epilog would drain the node, and a slow one delays the job's
 end. Problems go to stderr (Slurm's epilog log), never into the exit status.
+
+What it spools is checked first (`report_problems`): a job id must read N, N_M (array
+task) or N+M (het component), a node list must be a hostlist (no shell metacharacters,
+spaces or control characters), free text loses its control characters. Garbage is
+refused with a message and nothing is spooled: the exit status is still 0. With
+TRAINMEDIC_SPOOL_KEY_FILE readable, the report is signed with the site key.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import typer
 
@@ -75,18 +82,28 @@ def report(
     """Report a job's end (Slurm epilog) or a node failure (strigger) to the controller."""
     try:
         with _bounded(BUDGET_S):
-            from trainmedic.domain.hostlist import expand
+            from trainmedic.domain.hostlist import HostlistError
             from trainmedic.watchers.epilog import (
                 ReportKind,
+                clean_detail,
+                parse_nodes,
                 report_from_env,
+                report_problems,
                 spool_dir,
+                valid_job_id,
                 write_report,
             )
+            from trainmedic.watchers.spoolfile import KEY_FILE_ENV, SpoolConfigError, load_key
 
             kind: ReportKind = (
                 "node_down" if node_down else "node_failed" if node_fail else "epilog"
             )
-            names = expand(nodes) if nodes else []
+            if job_id is not None and not valid_job_id(job_id):
+                _refuse(f"--job-id {job_id[:40]!r} is not a Slurm job id (N, N_M or N+M)")
+            try:
+                names = parse_nodes(nodes) if nodes else []
+            except HostlistError as error:
+                _refuse(f"--nodes: {error}")
             made = report_from_env(
                 os.environ,
                 kind=kind,
@@ -95,15 +112,37 @@ def report(
                 exit_code=exit_code,
                 signal=signal_number,
                 restart_count=restart_count,
-                detail=detail,
+                detail=clean_detail(detail),
             )
-            path = write_report(made, spool or spool_dir(_state_dir()))
+            problems = report_problems(made)
+            if problems:
+                _refuse("; ".join(problems[:4]))
+            key = None
+            if os.environ.get(KEY_FILE_ENV):
+                try:
+                    key = load_key(Path(os.environ[KEY_FILE_ENV]))
+                except SpoolConfigError as error:
+                    why = " ".join(str(error).split())
+                    sys.stderr.write(f"trainmedic report: unsigned ({why})\n")
+            path = write_report(made, spool or spool_dir(_state_dir()), key=key)
             sys.stderr.write(f"trainmedic report: {made.kind} job={made.job_id} -> {path}\n")
+    except _Refused as refused:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"trainmedic report: refused, nothing spooled: {refused}\n")
     except BaseException as error:  # never fail the epilog: not even on Ctrl-C or timeout
         with contextlib.suppress(Exception):
             what = "out of time" if isinstance(error, _OutOfTime) else repr(error)
             sys.stderr.write(f"trainmedic report: not delivered ({what})\n")
     raise typer.Exit(0)
+
+
+class _Refused(Exception):
+    """The report's input is garbage: say so, spool nothing, still exit 0."""
+
+
+def _refuse(message: str) -> NoReturn:
+    # Control characters from the input must not reach the epilog log raw either.
+    raise _Refused("".join(c if c.isprintable() else "?" for c in message))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,11 +1,14 @@
 """The push paths beside the poll: Slurm's epilog (`trainmedic report`) and `strigger`.
 
-Both write a small JSON report into a spool directory, atomically (a temporary name in
-the same directory, then rename), and return: an epilog must be fast and must never
-fail (a failing slurmd Epilog drains the node). The controller's `EpilogSpool` polls
-the directory every 0.5 s, turns each report into a signal for the router and deletes
-the file. The spool is plain files on purpose: nothing to connect to from an epilog,
-nothing lost while the controller restarts.
+Both write a small JSON report into a spool directory, atomically and durably
+(`spoolfile.write_spool_file`), and return: an epilog must be fast and must never fail
+(a failing slurmd Epilog drains the node). The controller's `EpilogSpool` polls the
+directory every 0.5 s, turns each report into a signal for the router and deletes the
+file once the router took it (a report stays while Temporal is down). The spool is plain
+files on purpose: nothing to connect to from an epilog, nothing lost while the
+controller restarts. Who may write there, and what is refused, is `spoolfile`'s
+business; a report's content is checked here (`report_problems`), and a node-down or
+node-fail report only counts once Slurm confirms the node is down.
 
 Where the reports come from (Slurm's "Prolog and Epilog Guide"):
 - `EpilogSlurmctld` runs on the controller host at job end with SLURM_JOB_ID,
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
+import re
 import socket
 import time
 import uuid
@@ -35,15 +38,24 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from trainmedic.adapters.slurm.errors import SlurmError
+from trainmedic.adapters.slurm.errors import NoSuchNode, SlurmError
 from trainmedic.adapters.slurm.protocol import CommandRunner, CompletedCommand, SlurmBackend
 from trainmedic.domain.diagnosis import Evidence
 from trainmedic.domain.enums import EvidenceSource
-from trainmedic.domain.hostlist import HostlistError, expand
+from trainmedic.domain.hostlist import HostlistError, expand, validate_node_name
 from trainmedic.domain.incident import IncidentSignal
-from trainmedic.domain.slurm import ExitStatus
+from trainmedic.domain.slurm import ExitStatus, SlurmNode
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.slurm import FAILED_JOB_KINDS
+from trainmedic.watchers.spoolfile import (
+    SpoolDir,
+    SpoolItem,
+    SpoolPolicy,
+    SpoolRefused,
+    SpoolRetry,
+    safe_name,
+    write_spool_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -132,17 +144,72 @@ def report_from_env(
     )
 
 
-def write_report(report: PushReport, folder: Path) -> Path:
-    """Atomically add one report to the spool (readers never see half a file)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f"{time.time_ns()}-{report.job_id or 'node'}-{uuid.uuid4().hex[:8]}.json"
-    tmp = folder / f".{name}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(report.model_dump_json())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, folder / name)
-    return folder / name
+# A job id as Slurm prints it: "42", an array task "42_7", a het component "42+1".
+JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,9}|\+[0-9]{1,4})?$")
+MAX_NODES = 100_000
+MAX_DETAIL = 2000
+PURPOSE = "report"  # what spool signatures bind a report file to
+
+
+def valid_job_id(job_id: str) -> bool:
+    return bool(JOB_ID.match(job_id))
+
+
+def parse_nodes(expr: str) -> list[str]:
+    """A hostlist from an epilog or strigger argument; HostlistError says what is wrong.
+
+    Only hostlist characters get through: a shell metacharacter, a space or a control
+    character in a node list is never a node, whatever the expansion would make of it.
+    """
+    if len(expr) > 65536:
+        raise HostlistError("node list longer than 64 KiB")
+    odd = sorted({c for c in expr if not (c.isascii() and (c.isalnum() or c in "[]-_.,"))})
+    if odd:
+        shown = ", ".join(repr(c) for c in odd[:8])
+        raise HostlistError(f"node list {expr[:80]!r} has characters no hostlist has: {shown}")
+    return expand(expr, limit=MAX_NODES)
+
+
+def clean_detail(text: str) -> str:
+    """Free text for an incident: no control characters, bounded."""
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return text[:MAX_DETAIL]
+
+
+def report_problems(report: PushReport) -> list[str]:
+    """What makes a report garbage (empty when it is fine): checked before spooling and
+    again when read, since a spool file may not come from `trainmedic report`."""
+    problems: list[str] = []
+    if report.job_id is not None and not valid_job_id(report.job_id):
+        problems.append(f"job id {report.job_id[:40]!r} is not N, N_M or N+M")
+    if report.kind == "epilog" and report.job_id is None:
+        problems.append("an epilog report needs a job id")
+    if report.kind != "epilog" and not report.nodes:
+        problems.append(f"a {report.kind} report needs nodes")
+    if len(report.nodes) > MAX_NODES:
+        problems.append(f"more than {MAX_NODES} nodes")
+    for node in report.nodes[:MAX_NODES]:
+        try:
+            validate_node_name(node)
+        except HostlistError as error:
+            problems.append(str(error))
+            break
+    if len(report.detail) > MAX_DETAIL or any(not c.isprintable() for c in report.detail):
+        problems.append("detail has control characters or is too long")
+    for name, value in (("exit code", report.exit_code), ("signal", report.signal)):
+        if value is not None and not 0 <= value <= 255:
+            problems.append(f"{name} {value} out of range")
+    if report.restart_count is not None and report.restart_count < 0:
+        problems.append("negative restart count")
+    return problems
+
+
+def write_report(report: PushReport, folder: Path, *, key: bytes | None = None) -> Path:
+    """Atomically and durably add one report to the spool (readers never see half a file)."""
+    name = f"{time.time_ns()}-{safe_name(report.job_id or 'node')}-{uuid.uuid4().hex[:8]}.json"
+    return write_spool_file(
+        folder, name, report.model_dump_json().encode(), key=key, purpose=PURPOSE
+    )
 
 
 def signal_from_report(report: PushReport) -> IncidentSignal:
@@ -178,6 +245,9 @@ class EpilogSpool:
 
     An epilog report of a job that succeeded is dropped: with the exit status in the
     report (EpilogSlurmctld) directly, otherwise after one `get_job` (slurmd Epilog).
+    A node-down/node-fail report counts only for the nodes Slurm says are down (with a
+    backend; without one, as the lab's unit tests run, it is taken as is). A report the
+    router could not deliver stays in the spool for the next cycle.
     """
 
     def __init__(
@@ -187,50 +257,84 @@ class EpilogSpool:
         *,
         backend: SlurmBackend | None = None,
         interval: float = 0.5,
+        policy: SpoolPolicy | None = None,
     ) -> None:
         self.folder = folder
         self.sink = sink
         self.backend = backend
         self.interval = interval
+        # Epilog reports are written on the controller's host by slurmctld's epilog:
+        # the owner check is the guard; a key is used only when one is passed.
+        self.spool = SpoolDir(
+            folder,
+            policy if policy is not None else SpoolPolicy.from_env(signed=False),
+            purpose=PURPOSE,
+            label="epilog spool",
+        )
         self.submitted = 0
         self.dropped = 0
+        self._signals: list[IncidentSignal] = []
 
     def pending(self) -> list[Path]:
-        try:
-            return sorted(p for p in self.folder.glob("*.json") if not p.name.startswith("."))
-        except OSError:
-            return []
+        return [self.folder / name for name in self.spool.names()]
 
     async def drain_once(self) -> list[IncidentSignal]:
-        signals: list[IncidentSignal] = []
-        for path in self.pending():
-            try:
-                report = PushReport.model_validate_json(path.read_bytes())
-            except (OSError, ValidationError, ValueError) as error:
-                logger.warning("spool: unreadable report %s (%s); set aside", path.name, error)
-                bad = self.folder / "bad"
-                bad.mkdir(exist_ok=True)
-                with contextlib.suppress(OSError):
-                    os.replace(path, bad / path.name)
-                continue
-            if await self._is_failure(report):
-                signal = signal_from_report(report)
-                try:
-                    await self.sink.submit(signal)
-                except Exception:
-                    logger.exception("spool: sink failed; report %s kept for retry", path.name)
-                    continue
-                signals.append(signal)
-                self.submitted += 1
-            else:
+        self._signals = []
+        await self.spool.drain(self._handle)
+        return self._signals
+
+    async def _handle(self, item: SpoolItem) -> bool:
+        try:
+            report = PushReport.model_validate_json(item.payload)
+        except (ValidationError, ValueError) as error:
+            raise SpoolRefused("malformed", _short(error)) from error
+        problems = report_problems(report)
+        if problems:
+            raise SpoolRefused("malformed", "; ".join(problems[:4]))
+        if report.kind == "epilog":
+            if not await self._is_failure(report):
                 self.dropped += 1
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        return signals
+                return False
+        else:
+            confirmed = await self._confirm_down(report)
+            if confirmed is None:
+                self.dropped += 1
+                return False
+            report = confirmed
+        signal = signal_from_report(report)
+        await self.sink.submit(signal)  # DeliveryError: the spool keeps the file
+        self._signals.append(signal)
+        self.submitted += 1
+        return True
+
+    async def _confirm_down(self, report: PushReport) -> PushReport | None:
+        """The report with only the nodes Slurm shows down; None when none is."""
+        if self.backend is None:
+            return report
+        try:
+            if len(report.nodes) <= 4:
+                found: list[SlurmNode] = []
+                for name in report.nodes:
+                    with contextlib.suppress(NoSuchNode):
+                        found.append(await self.backend.get_node(name))
+            else:
+                wanted = set(report.nodes)
+                found = [n for n in await self.backend.list_nodes() if n.name in wanted]
+        except SlurmError as error:
+            raise SpoolRetry(f"cannot confirm {report.kind} with Slurm: {error}") from error
+        down = {n.name for n in found if n.is_down or "NOT_RESPONDING" in n.state_flags}
+        kept = [name for name in report.nodes if name in down]
+        if len(kept) < len(report.nodes):
+            logger.warning(
+                "spool: %s report names nodes Slurm does not show down: %s; not counted",
+                report.kind,
+                ",".join(n for n in report.nodes if n not in down)[:200],
+            )
+        if not kept:
+            return None
+        return report.model_copy(update={"nodes": kept})
 
     async def _is_failure(self, report: PushReport) -> bool:
-        if report.kind != "epilog":
-            return True
         status = report.exit
         if status is None and self.backend is not None and report.job_id:
             try:
@@ -256,10 +360,14 @@ class EpilogSpool:
                 await self.drain_once()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception:  # a spool that stops reading loses every later report
                 logger.exception("spool: read failed; retrying")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval)
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+    return " ".join(str(error).split())[:limit]
 
 
 # ----------------------------------------------------------------------------- strigger

@@ -20,6 +20,14 @@ say); the same rule on the same rank/node is not reported again within
 `repeat_interval`. A running job that showed progress and then none for `hang_after`
 gets one `hang` signal (re-armed when progress resumes), whose synthetic evidence line
 matches the catalog rule `trainmedic.hang`.
+
+Threads: a cycle runs in a worker thread (`run`, `poll_and_submit`); its file I/O
+(stat, open, read) holds no lock, so `watch`/`sync`/`view`, which the event loop calls,
+only ever wait for the in-memory scan of one block, never for a file (a job owner
+chooses the path: a FIFO, a hung mount). Output files are regular files only (see
+`tail.FileTail`); a path that is not one is reported once and listed in the job's view.
+Signals the router could not deliver (Temporal down) are kept, up to
+`max_undelivered`, and offered again with backoff.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import logging
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -44,6 +53,7 @@ from trainmedic.domain import Evidence, EvidenceSource, Role
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.domain.slurm import SlurmJob
 from trainmedic.durations import Duration
+from trainmedic.errors import DeliveryError
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.progress import JobProgress, ProgressConfig, ProgressPatterns, SeenLine
 from trainmedic.watchers.tail import Block, FileTail
@@ -65,6 +75,7 @@ class LogWatchConfig(BaseModel):
     repeat_interval: Duration = timedelta(seconds=60)
     max_evidence: int = Field(24, ge=1)  # per signal
     linger: Duration = timedelta(seconds=5)  # keep reading after a job stops running
+    max_undelivered: int = Field(1000, ge=1)  # signals kept while the router cannot deliver
     progress: ProgressConfig = ProgressConfig()
 
 
@@ -93,6 +104,7 @@ class JobLogView(BaseModel):
     checkpoint: str | None = None
     stalled_s: float | None = None
     hang_reported: bool = False
+    refused: dict[str, str] = Field(default_factory=dict)  # path -> why it is not read
 
 
 @dataclass(slots=True)
@@ -181,7 +193,13 @@ class LogWatcher:
         self._resolution = min(5.0, self.config.progress.hang_after.total_seconds() / 20)
         self.stats = LogWatchStats()
         self._jobs: dict[str, _Job] = {}
+        # `_lock` guards the jobs' state and is never held across file I/O; `_cycle_lock`
+        # keeps cycles one at a time and is only taken in cycle threads, never on the loop.
         self._lock = threading.Lock()
+        self._cycle_lock = threading.Lock()
+        self._undelivered: deque[IncidentSignal] = deque()
+        self._retry_at = 0.0
+        self._backoff = 0.0
         self._cursor = 0  # round-robin start, so a cycle budget never starves the same files
         self._last_cycle: float | None = None
 
@@ -270,6 +288,7 @@ class LogWatcher:
                 checkpoint=job.progress.checkpoint,
                 stalled_s=job.progress.stalled_for(self.clock()),
                 hang_reported=job.progress.hang_reported,
+                refused={p: t.refused for p, t in job.tails.items() if t.refused},
             )
 
     # -- the loop ----------------------------------------------------------------------
@@ -290,47 +309,91 @@ class LogWatcher:
 
     async def poll_and_submit(self) -> list[IncidentSignal]:
         """One cycle, then hand its signals to the sink (tests, benchmarks)."""
-        signals = self.poll()
+        signals = await asyncio.to_thread(self.poll)
         await self._submit(signals)
         return signals
 
     async def _submit(self, signals: list[IncidentSignal]) -> None:
-        for signal in signals:
+        self._undelivered.extend(signals)
+        if not self._undelivered or self.clock() < self._retry_at:
+            self._trim_undelivered()
+            return
+        while self._undelivered:
+            signal = self._undelivered[0]
             try:
                 await self.sink.submit(signal)
+            except DeliveryError as error:
+                # Temporal is down: keep this one and the rest, offer them again later.
+                if self._backoff == 0.0:
+                    log.warning(
+                        "log watcher: cannot deliver (%s); keeping %d signal(s) for a retry",
+                        error,
+                        len(self._undelivered),
+                    )
+                self._backoff = min(30.0, max(0.5, self._backoff * 2))
+                self._retry_at = self.clock() + self._backoff
+                self._trim_undelivered()
+                return
             except Exception:
                 log.exception("sink refused %s signal for job %s", signal.kind, signal.job_id)
+            self._undelivered.popleft()
+        if self._backoff:
+            log.info("log watcher: delivering again")
+        self._backoff = 0.0
+        self._retry_at = 0.0
+
+    def _trim_undelivered(self) -> None:
+        excess = len(self._undelivered) - self.config.max_undelivered
+        if excess > 0:
+            log.warning("log watcher: %d undelivered signal(s) dropped (oldest first)", excess)
+            for _ in range(excess):
+                self._undelivered.popleft()
 
     def poll(self) -> list[IncidentSignal]:
-        """One cycle over every followed file; returns the signals it found (no I/O)."""
-        with self._lock:
+        """One cycle over every followed file; returns the signals it found (no I/O).
+
+        Blocking: call it from a thread (`run` and `poll_and_submit` do)."""
+        with self._cycle_lock:
             return self._cycle()
 
     def _cycle(self) -> list[IncidentSignal]:
         now = self.clock()
-        self._forgive_pause(now)
         cfg = self.config
+        with self._lock:
+            self._forgive_pause(now)
+            entries = [(job, tail) for job in self._jobs.values() for tail in job.tails.values()]
+            if entries:
+                self._cursor %= len(entries)
+                order = entries[self._cursor :] + entries[: self._cursor]
+                self._cursor += 1
+            else:
+                order = []
         budget = cfg.max_read_per_cycle
-        entries = [(job, tail) for job in self._jobs.values() for tail in job.tails.values()]
-        if entries:
-            self._cursor %= len(entries)
-            order = entries[self._cursor :] + entries[: self._cursor]
-            self._cursor += 1
-        else:
-            order = []
         read_total = lines = long_lines = resets = 0
         for job, tail in order:
             if budget <= 0:
                 break  # the rest is read next cycle; nothing is skipped
             before = (tail.bytes_read, tail.lines, tail.long_lines, tail.resets)
-            for block in tail.poll(min(cfg.max_read_per_file, budget)):
-                self._scan_block(job, tail, block, now)
+            # File I/O without the lock: the event loop must never wait on a file.
+            blocks = tail.poll(min(cfg.max_read_per_file, budget))
+            if blocks:
+                with self._lock:
+                    if self._jobs.get(job.job_id) is job:  # not dropped meanwhile
+                        for block in blocks:
+                            self._scan_block(job, tail, block, now)
             read = tail.bytes_read - before[0]
             budget -= read
             read_total += read
             lines += tail.lines - before[1]
             long_lines += tail.long_lines - before[2]
             resets += tail.resets - before[3]
+        with self._lock:
+            return self._finish_cycle(now, read_total, lines, long_lines, resets)
+
+    def _finish_cycle(
+        self, now: float, read_total: int, lines: int, long_lines: int, resets: int
+    ) -> list[IncidentSignal]:
+        cfg = self.config
         self.stats.bytes_read += read_total
         self.stats.lines += lines
         self.stats.long_lines += long_lines

@@ -20,6 +20,7 @@ import errno
 import logging
 import os
 import re
+import stat
 import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -106,14 +107,29 @@ class FileTail:
         self._offset = 0
         self._line_no = 0
         self._lines = _Lines()
+        self._refused: str | None = None
         self._open(at_end=not from_start)
+
+    def _refuse(self, why: str) -> None:
+        if why != self._refused:  # once per reason, not once per poll
+            log.warning("kernel log %s %s; not read", self.path, why)
+        self._refused = why
 
     def _open(self, *, at_end: bool) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
         except FileNotFoundError:
             return
+        except OSError as error:
+            self._refuse(f"cannot be opened: {error.strerror or error}")
+            return
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            # A FIFO or device would fail every pread (or never end): not a log file.
+            os.close(fd)
+            self._refuse(f"is not a regular file (mode {stat.S_IFMT(st.st_mode):o})")
+            return
+        self._refused = None
         self._fd, self._ino = fd, st.st_ino
         self._lines.reset()
         if at_end:

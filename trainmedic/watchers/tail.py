@@ -12,7 +12,14 @@ cycle. The tail survives what job output files go through:
   that is the same inode, then the new file from its start;
 - partial lines: kept until their newline arrives, bounded by `max_line`; a longer line
   is handed out in fragments (all with the line's number) and counted once;
-- a file that does not exist yet, or is not a regular file (`/dev/null`): polled again.
+- a file that does not exist yet: polled again;
+- a path that is not a regular file (a FIFO, /dev/zero, a socket; the job's owner
+  chooses the path): never opened for reading, said once in `refused` and the log.
+
+The file is opened O_NONBLOCK and checked with `fstat` after the open, so a FIFO
+swapped in between the `stat` and the open neither blocks the open nor is read. Links
+are followed: sites point job output at other file systems through them, and what was
+opened is what is checked. One poll reads at most `max_bytes`.
 
 Bytes are handed out raw; decoding (invalid UTF-8, NULs) is the reader's business.
 """
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _FINGERPRINT = 32  # bytes before the offset that must still be there on the next read
 _OVERLAP = 256  # bytes of an over-long line kept so a message cut at a fragment edge is seen
 
@@ -78,6 +86,7 @@ class FileTail:
         self.resets = 0
         self.last_reset: str | None = None
         self.exists = False
+        self.refused: str | None = None  # why the path is not read (not a regular file)
 
     # -- polling -----------------------------------------------------------------------
 
@@ -92,6 +101,7 @@ class FileTail:
             log.debug("cannot stat %s: %s", self.path, error)
             return []
         if not stat.S_ISREG(st.st_mode):
+            self._refuse(st)
             return []
         self.exists = True
         blocks: list[Block] = []
@@ -111,6 +121,14 @@ class FileTail:
         if data:
             blocks.extend(self._assemble(data))
         return blocks
+
+    def _refuse(self, st: os.stat_result) -> None:
+        if self.path == "/dev/null" or stat.S_ISDIR(st.st_mode):
+            return  # nothing to read, nothing to say
+        why = f"not a regular file (mode {stat.S_IFMT(st.st_mode):o}); not read"
+        if why != self.refused:
+            log.warning("log %s is %s", self.path, why)
+        self.refused = why
 
     def _attach(self, st: os.stat_result) -> None:
         self.dev, self.ino = st.st_dev, st.st_ino
@@ -137,12 +155,16 @@ class FileTail:
 
     def _read(self, max_bytes: int, st: os.stat_result) -> bytes:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.path, _OPEN_FLAGS)
         except OSError as error:
             log.debug("cannot open %s: %s", self.path, error)
             return b""
         try:
             now = os.fstat(fd)
+            if not stat.S_ISREG(now.st_mode):
+                self._refuse(now)  # swapped for a FIFO/device after the stat
+                return b""
+            self.refused = None
             if (now.st_dev, now.st_ino) != (self.dev, self.ino):
                 return b""  # replaced between stat and open: the next poll sees it
             if self.fingerprint and self.offset >= len(self.fingerprint):
@@ -172,11 +194,13 @@ class FileTail:
         """The old file was renamed away: finish it from `<path>.1` when that is it."""
         old = f"{self.path}.1"
         try:
-            fd = os.open(old, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(old, _OPEN_FLAGS)
         except OSError:
             return []
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return []
             if (st.st_dev, st.st_ino) != (self.dev, self.ino) or st.st_size <= self.offset:
                 return []
             data = os.pread(fd, min(max_bytes, st.st_size - self.offset), self.offset)

@@ -40,6 +40,8 @@ from trainmedic.watchers.router import (
     local_runner,
 )
 from trainmedic.watchers.slurm import SlurmWatcher
+from trainmedic.watchers.spoolfile import SpoolDir, SpoolItem, SpoolPolicy, SpoolRefused
+from trainmedic.workers.node_agent import SIGNAL_PURPOSE, agent_signal_problem
 
 logger = logging.getLogger(__name__)
 
@@ -73,35 +75,57 @@ class NodeFanout:
 
 class SignalSpool:
     """Node agents on real nodes write signals as JSON files into a shared folder
-    (`python -m trainmedic.workers.node_agent --spool DIR`); this delivers them."""
+    (`python -m trainmedic.workers.node_agent --spool DIR`); this delivers them.
 
-    def __init__(self, folder: Path, sink: SignalSink, interval: float = 0.5) -> None:
+    The folder and its files pass `spoolfile`'s checks (owner, mode, type, size, and the
+    site key's HMAC when TRAINMEDIC_SPOOL_KEY_FILE is set). A file must also read as
+    what a node agent sends: a kernel or NVML signal about named nodes, with evidence
+    only about those nodes; anything else is set aside, since this folder can only
+    speak for node agents. A file stays until the router took it; no spool error ends
+    the loop.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        sink: SignalSink,
+        interval: float = 0.5,
+        *,
+        policy: SpoolPolicy | None = None,
+    ) -> None:
         self.folder = folder
         self.sink = sink
         self.interval = interval
+        self.spool = SpoolDir(
+            folder,
+            policy if policy is not None else SpoolPolicy.from_env(),
+            purpose=SIGNAL_PURPOSE,
+            label="signal spool",
+        )
 
     async def poll(self) -> int:
-        if not self.folder.is_dir():
-            return 0
-        delivered = 0
-        for path in sorted(self.folder.glob("*.json")):
-            try:
-                signal = IncidentSignal.model_validate_json(path.read_bytes())
-            except (OSError, ValidationError, ValueError) as error:
-                bad = self.folder / "bad"
-                bad.mkdir(exist_ok=True)
-                with contextlib.suppress(OSError):
-                    path.rename(bad / path.name)
-                logger.warning("signal spool: %s set aside: %s", path.name, error)
-                continue
-            await self.sink.submit(signal)
-            path.unlink(missing_ok=True)
-            delivered += 1
-        return delivered
+        result = await self.spool.drain(self._handle)
+        return result.delivered
+
+    async def _handle(self, item: SpoolItem) -> bool:
+        try:
+            signal = IncidentSignal.model_validate_json(item.payload)
+        except (ValidationError, ValueError) as error:
+            raise SpoolRefused("malformed", " ".join(str(error).split())[:300]) from error
+        problem = agent_signal_problem(signal)
+        if problem:
+            raise SpoolRefused("malformed", problem)
+        await self.sink.submit(signal)  # DeliveryError: the file stays for the next cycle
+        return True
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.poll()
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a spool error must never end the watcher
+                logger.exception("signal spool: cycle failed; retrying")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval)
 

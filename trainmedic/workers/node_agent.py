@@ -10,9 +10,11 @@ NVML (`--nvml`): `pynvml` (the real driver; a node without one runs kernel-only)
 or a path to a lab `nvml.json` (`FakeNvml`).
 
 Delivery, for now deliberately simple: each signal is one JSON file
-(`IncidentSignal.model_dump_json()`) written atomically into `--spool DIR`, which the
-controller drains (the same path the Slurm epilog's `trainmedic report` can use when the
-controller is unreachable). A direct Temporal client is the controller's job: the agent
+(`IncidentSignal.model_dump_json()`) written atomically and durably into `--spool DIR`
+(mode 0640; signed with HMAC-SHA256 when `--key-file` or TRAINMEDIC_SPOOL_KEY_FILE names
+the site key, which the controller then demands), which the controller drains (the
+same path the Slurm epilog's `trainmedic report` can use when the controller is
+unreachable). A direct Temporal client is the controller's job: the agent
 does not know which job a node signal belongs to (`job_id` is None, `nodes=[node]`); the
 controller's router maps it to the jobs on that node.
 """
@@ -28,31 +30,65 @@ import uuid
 from pathlib import Path
 
 from trainmedic.adapters.nvml import FakeNvml, NvmlBackend, PynvmlBackend
+from trainmedic.domain.enums import EvidenceSource
+from trainmedic.domain.hostlist import HostlistError, validate_node_name
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.watchers.node import CommandSource, FileTail, KernelSource, KmsgSource, NodeAgent
+from trainmedic.watchers.spoolfile import KEY_FILE_ENV, load_key, safe_name, write_spool_file
 
 log = logging.getLogger(__name__)
 
 JOURNALCTL = ["journalctl", "-k", "-f", "-n", "0", "-o", "short-monotonic", "--no-pager"]
 
 
-class SpoolSink:
-    """Writes each signal as `<spool>/<time>-<node>-<uuid>.json`, atomically (tmp + rename)."""
+SIGNAL_PURPOSE = "signal"  # what spool signatures bind a node agent's file to
+_AGENT_SOURCES = frozenset({EvidenceSource.KERNEL.value, EvidenceSource.NVML.value})
 
-    def __init__(self, spool: Path) -> None:
+
+class SpoolSink:
+    """Writes each signal as `<spool>/<time>-<node>-<uuid>.json`: the one spool writer
+    (`spoolfile.write_spool_file`: tmp + fsync + rename, mode 0640, signed with `key`)."""
+
+    def __init__(self, spool: Path, *, key: bytes | None = None) -> None:
         self.spool = spool
-        spool.mkdir(parents=True, exist_ok=True)
+        self.key = key
+        spool.mkdir(mode=0o750, parents=True, exist_ok=True)
 
     async def submit(self, signal: IncidentSignal) -> None:
         await asyncio.to_thread(self._write, signal)
 
     def _write(self, signal: IncidentSignal) -> None:
         stamp = signal.at.strftime("%Y%m%dT%H%M%S.%f") if signal.at else "unknown"
-        node = signal.nodes[0] if signal.nodes else "node"
+        node = safe_name(signal.nodes[0]) if signal.nodes else "node"
         name = f"{stamp}-{node}-{uuid.uuid4().hex[:8]}.json"
-        tmp = self.spool / f".{name}.tmp"
-        tmp.write_text(signal.model_dump_json())
-        os.replace(tmp, self.spool / name)  # a reader never sees half a signal
+        write_spool_file(
+            self.spool,
+            name,
+            signal.model_dump_json().encode(),
+            key=self.key,
+            purpose=SIGNAL_PURPOSE,
+        )
+
+
+def agent_signal_problem(signal: IncidentSignal) -> str | None:
+    """Why `signal` is not something a node agent sends (None when it is): the reader
+    of the agents' spool refuses anything else, since that folder speaks for agents only."""
+    if signal.source not in _AGENT_SOURCES:
+        return f"source {signal.source[:40]!r} is not a node agent's (kernel, nvml)"
+    if signal.job_id is not None:
+        return "a node agent does not name jobs"
+    if len(signal.nodes) != 1:
+        return "a node agent speaks for exactly one node"
+    try:
+        validate_node_name(signal.nodes[0])
+    except HostlistError as error:
+        return str(error)
+    outside = {e.node for e in signal.evidence if e.node and e.node not in signal.nodes}
+    if outside:
+        return f"evidence names other nodes: {', '.join(sorted(outside))[:200]}"
+    if any(e.source.value not in _AGENT_SOURCES for e in signal.evidence):
+        return "evidence from a source other than the kernel or NVML"
+    return None
 
 
 def kernel_source(spec: str) -> KernelSource:
@@ -79,13 +115,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spool", required=True, type=Path, help="directory for signals")
     parser.add_argument("--nvml-interval", type=float, default=5.0)
     parser.add_argument("--kernel-interval", type=float, default=0.25)
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=os.environ.get(KEY_FILE_ENV) or None,
+        help=f"site key to sign spool files with (default: ${KEY_FILE_ENV})",
+    )
     return parser.parse_args(argv)
 
 
 async def run(args: argparse.Namespace) -> None:
     agent = NodeAgent(
         args.node,
-        SpoolSink(args.spool),
+        SpoolSink(args.spool, key=load_key(args.key_file) if args.key_file else None),
         kernel=kernel_source(args.kernel),
         nvml=nvml_backend(args.nvml),
         kernel_interval=args.kernel_interval,
