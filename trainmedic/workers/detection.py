@@ -1,10 +1,14 @@
 """Detection in the controller process: every watcher, wired to one incident router.
 
-    Slurm watcher (poll + diff) ──┐
-    epilog / strigger spool ──────┤
-    log watcher (job outputs) ────┼──▶ NodeFanout ──▶ IncidentRouter ──▶ RecoveryWorkflow
-    node agents (kernel, NVML) ───┤        (node signal -> one per job     (signal-with-start,
-    node-agent signal spool ──────┘         on the node + quarantine)        one per failure)
+    Slurm watcher (poll + diff) ─── HeldSignals ───┐
+    epilog / strigger spool (keeps its files) ─────┤
+    log watcher (job outputs; retries its own) ────┼──▶ IncidentRouter ──▶ RecoveryWorkflow
+    node agents (kernel, NVML) ── HeldSignals ──┐  │    (signal-with-start, one incident
+    node-agent signal spool ────────────────────┴─▶ NodeFanout    per job and run)
+                          (a node's signal -> one per job on it, plus its quarantine)
+
+HeldSignals keeps, in order, what a watcher without a spool could not deliver while
+Temporal was unreachable; spools keep their files until the router has the report.
 
 Watchers only decide *that* something happened; the router decides which incident it
 belongs to; the workflow decides what it means.
@@ -33,6 +37,7 @@ from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.logs import LogWatchConfig, LogWatcher
 from trainmedic.watchers.node import NodeAgent
 from trainmedic.watchers.router import (
+    HeldSignals,
     IncidentRouter,
     SlurmDetection,
     StartsWorkflows,
@@ -181,6 +186,9 @@ class Detection:
     fanout: NodeFanout
     agents: list[NodeAgent] = field(default_factory=list)
     spools: list[SignalSpool] = field(default_factory=list)
+    # In front of the fanout for in-process node agents, which keep no spool: their
+    # findings wait here for Temporal instead of being lost.
+    held: HeldSignals | None = None
 
     @property
     def router(self) -> IncidentRouter:
@@ -193,6 +201,7 @@ class Detection:
             self.follower.run(stop),
             *(agent.run(stop) for agent in self.agents),
             *(spool.run(stop) for spool in self.spools),
+            *([self.held.run(stop)] if self.held else []),
         )
 
 
@@ -228,10 +237,11 @@ def build_detection(
     config = LogWatchConfig.model_validate({"progress": {"hang_after": hang_after}})
     logs = LogWatcher(slurm.router, cluster=settings.cluster, config=config)
     follower = JobFollower(backend, slurm.watcher, logs, interval=min(interval, 1.0))
+    held = HeldSignals(fanout)
     node_agents = [
         NodeAgent(
             node,
-            fanout,
+            held,
             kernel=kernel,
             nvml=FakeNvml.from_file(nvml_states[node])
             if nvml_states and node in nvml_states
@@ -241,5 +251,11 @@ def build_detection(
     ]
     spools = [SignalSpool(signal_spool or settings.state_dir / "spool" / "signals", fanout)]
     return Detection(
-        slurm=slurm, logs=logs, follower=follower, fanout=fanout, agents=node_agents, spools=spools
+        slurm=slurm,
+        logs=logs,
+        follower=follower,
+        fanout=fanout,
+        agents=node_agents,
+        spools=spools,
+        held=held,
     )
