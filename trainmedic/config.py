@@ -7,17 +7,23 @@ key named, never half-way through a recovery.
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import reprlib
+import stat
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -26,11 +32,64 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainmedic.domain.enums import Action, Mode
-from trainmedic.durations import Duration
+from trainmedic.durations import format_duration, parse_duration
 from trainmedic.errors import ConfigError
 
 ENV_PREFIX = "TRAINMEDIC_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+# A policy is a page of YAML; anything far larger is a mistake or an attack, and is
+# refused before the parser sees it.
+MAX_POLICY_BYTES = 256 * 1024
+# Nesting deeper than this is no policy (the deepest key is three levels down); the
+# limit also keeps PyYAML's recursive composer far from Python's recursion limit.
+MAX_POLICY_DEPTH = 32
+# How much of a bad value an error message repeats: enough to recognise it, never a
+# megabyte of it.
+MAX_ECHO = 80
+# Longer than any sensible timeout or window, and far inside what timedelta and
+# Temporal's timers can hold (a typo like `99999999999d` is an error, not an overflow).
+MAX_DURATION = timedelta(days=366)
+
+
+# ----------------------------------------------------------------------------- durations
+
+
+def _say(delta: timedelta) -> str:
+    return f"{delta.days}d" if delta == timedelta(days=delta.days) else format_duration(delta)
+
+
+def _finite_duration(value: Any) -> Any:
+    """`parse_duration`, with infinities, NaN and out-of-range values as clean errors."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite duration, at most {_say(MAX_DURATION)}")
+    try:
+        return parse_duration(value)
+    except OverflowError:
+        raise ValueError(f"out of range; at most {_say(MAX_DURATION)}") from None
+
+
+def _in_range(low: timedelta, why: str = "") -> AfterValidator:
+    def check(value: timedelta) -> timedelta:
+        if value < low:
+            floor = "more than 0s" if low == timedelta.resolution else f"at least {_say(low)}"
+            raise ValueError(f"must be {floor}{why}")
+        if value > MAX_DURATION:
+            raise ValueError(f"must be at most {_say(MAX_DURATION)}")
+        return value
+
+    return AfterValidator(check)
+
+
+_PARSE = BeforeValidator(_finite_duration)
+# A duration where 0 means "no wait" (e.g. the settle window).
+Duration = Annotated[timedelta, _PARSE, _in_range(timedelta(0))]
+# Timeouts and windows: 0 would time out at once or make the window empty.
+PositiveDuration = Annotated[timedelta, _PARSE, _in_range(timedelta.resolution)]
+# Poll intervals: a very short one spins on Slurm (every poll is an squeue).
+PollInterval = Annotated[
+    timedelta, _PARSE, _in_range(timedelta(milliseconds=500), " (each poll asks Slurm)")
+]
 
 
 def default_state_dir() -> Path:
@@ -50,10 +109,13 @@ class Settings(BaseSettings):
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     temporal_task_queue: str = "trainmedic"
-    temporal_tls: bool = False
+    # Unset: on when an API key, client certificate or CA is configured (credentials are
+    # never sent in plaintext; Temporal Cloud API keys always need TLS).
+    temporal_tls: bool | None = None
     temporal_tls_cert: Path | None = None
     temporal_tls_key: Path | None = None
     temporal_tls_ca: Path | None = None
+    _tls_implied_by: str | None = PrivateAttr(None)  # said in the log when connecting
     temporal_api_key: SecretStr | None = None
     temporal_ui_port: int = Field(8233, ge=1, le=65535)
 
@@ -64,7 +126,7 @@ class Settings(BaseSettings):
     slurm_access: Literal["local", "ssh"] = "local"
     slurm_bin_dir: Path | None = Field(None, description="Directory of sbatch/scontrol/...")
     slurm_conf: Path | None = Field(None, description="SLURM_CONF for the Slurm commands.")
-    slurm_command_timeout: Duration = timedelta(seconds=30)
+    slurm_command_timeout: PositiveDuration = timedelta(seconds=30)
     ssh_host: str | None = None
     ssh_user: str | None = None
     ssh_port: int = Field(22, ge=1, le=65535)
@@ -91,7 +153,30 @@ class Settings(BaseSettings):
             raise ValueError("slurm_access=ssh needs TRAINMEDIC_SSH_HOST")
         if bool(self.temporal_tls_cert) != bool(self.temporal_tls_key):
             raise ValueError("set both TRAINMEDIC_TEMPORAL_TLS_CERT and _KEY, or neither")
+        secured = [
+            ENV_PREFIX + name
+            for name, value in (
+                ("TEMPORAL_API_KEY", self.temporal_api_key),
+                ("TEMPORAL_TLS_CERT", self.temporal_tls_cert),
+                ("TEMPORAL_TLS_CA", self.temporal_tls_ca),
+            )
+            if value
+        ]
+        if self.temporal_tls is False and secured:
+            raise ValueError(
+                f"TRAINMEDIC_TEMPORAL_TLS is off but {', '.join(secured)} is set: keys and "
+                "certificates are only used over TLS; unset TRAINMEDIC_TEMPORAL_TLS (or set "
+                "it to true), or remove them"
+            )
+        if self.temporal_tls is None:
+            self.temporal_tls = bool(secured)
+            self._tls_implied_by = ", ".join(secured) or None
         return self
+
+    @property
+    def temporal_tls_implied_by(self) -> str | None:
+        """The settings that turned TLS on when TRAINMEDIC_TEMPORAL_TLS was not set."""
+        return self._tls_implied_by
 
     @property
     def temporal_dir(self) -> Path:
@@ -120,7 +205,7 @@ class ModePolicy(_Strict):
 
 
 class ApprovalPolicy(_Strict):
-    timeout: Duration = timedelta(minutes=30)
+    timeout: PositiveDuration = timedelta(minutes=30)
     fallback: Literal["escalate", "proceed", "abandon"] = "escalate"
 
 
@@ -129,10 +214,10 @@ class RailsPolicy(_Strict):
 
     max_isolated_fraction: float = Field(0.25, gt=0.0, le=1.0)
     min_isolated_nodes: int = Field(1, ge=0, description="always allow this many per window")
-    isolation_window: Duration = timedelta(hours=1)
+    isolation_window: PositiveDuration = timedelta(hours=1)
     max_drains_per_hour: int = Field(10, ge=0)
     restart_budget: int = Field(3, ge=0, description="restarts per job and root cause")
-    restart_window: Duration = timedelta(hours=24)
+    restart_window: PositiveDuration = timedelta(hours=24)
 
 
 class DetectPolicy(_Strict):
@@ -143,8 +228,8 @@ class DetectPolicy(_Strict):
 
 
 class VerifyPolicy(_Strict):
-    timeout: Duration = timedelta(minutes=10)
-    poll_interval: Duration = timedelta(seconds=2)
+    timeout: PositiveDuration = timedelta(minutes=10)
+    poll_interval: PollInterval = timedelta(seconds=2)
 
 
 class Policy(_Strict):
@@ -156,6 +241,18 @@ class Policy(_Strict):
     verify: VerifyPolicy = VerifyPolicy()
 
 
+def _echo(value: Any) -> str:
+    """A bad value as an error message shows it: bounded in depth, items and length."""
+    shown = _REPR.repr(value)
+    return shown if len(shown) <= MAX_ECHO else shown[: MAX_ECHO - 3] + "..."
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 2
+_REPR.maxstring = _REPR.maxother = MAX_ECHO
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+
+
 def describe_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
     """Turn pydantic's errors into 'key.path: reason (got X)' lines."""
     lines = []
@@ -163,7 +260,7 @@ def describe_validation_error(error: ValidationError, prefix: str = "") -> list[
         key = ".".join(str(part) for part in item["loc"]) or "(top level)"
         reason = item["msg"].removeprefix("Value error, ")
         got = item.get("input")
-        shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+        shown = "" if isinstance(got, dict) or got is None else f" (got {_echo(got)})"
         lines.append(f"{prefix}{key}: {reason}{shown}")
     return lines
 
@@ -182,14 +279,53 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError("environment (TRAINMEDIC_*)", problems) from None
 
 
+class _PolicyLoader(yaml.SafeLoader):
+    """SafeLoader without aliases and with a depth limit.
+
+    An alias is a reference, so a few lines of nested aliases ("billion laughs") build
+    a structure whose every walk (validation, an error message's repr) is exponential. A
+    policy has no use for them: they are refused outright, with the line.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "aliases (*name) are not allowed in a policy file; write the value out",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_POLICY_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested more than {MAX_POLICY_DEPTH} levels deep",
+                    self.peek_event().start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    if len(text) > MAX_POLICY_BYTES:
+        raise ConfigError(
+            source, [f"the policy is {len(text)} characters; at most {MAX_POLICY_BYTES}"]
+        )
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_PolicyLoader)  # a SafeLoader: no Python objects
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(error, "problem", None) or str(error)
-        raise ConfigError(source, [f"{where}not valid YAML ({problem})"]) from None
+        raise ConfigError(source, [f"{where}not valid YAML ({problem[:200]})"]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -200,14 +336,31 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         raise ConfigError(source, describe_validation_error(error)) from None
 
 
+def _read_policy_file(path: Path) -> bytes:
+    """At most MAX_POLICY_BYTES + 1 of a regular file; never blocks on a FIFO or device."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(str(path), ["the policy file is not a regular file"])
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(MAX_POLICY_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 def load_policy(path: Path | None) -> Policy:
     """The built-in defaults when no file is configured; a clear error when it is unreadable."""
     if path is None:
         return Policy()
     try:
-        raw = path.read_bytes()
+        raw = _read_policy_file(path)
     except OSError as error:
         raise ConfigError(str(path), [f"cannot read the policy file: {error.strerror}"]) from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise ConfigError(
+            str(path),
+            [f"the policy file is larger than {MAX_POLICY_BYTES} bytes; is it the right file?"],
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +124,175 @@ def test_ssh_access_requires_a_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINMEDIC_SLURM_ACCESS", "ssh")
     with pytest.raises(ConfigError, match="TRAINMEDIC_SSH_HOST"):
         load_settings()
+
+
+# ------------------------------------------------------- hostile or absurd policy input
+
+BILLION_LAUGHS = "\n".join(
+    [
+        'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
+        *(
+            f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]"
+            for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
+        ),
+        "version: *i",  # 9^9 strings if expanded, e.g. by the error message's repr
+    ]
+)
+
+
+def test_alias_bomb_is_refused_at_once_naming_the_file(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    with pytest.raises(ConfigError) as caught:
+        load_policy(bomb)
+    message = str(caught.value)
+    assert str(bomb) in message
+    assert "aliases" in message
+    assert len(message) < 500
+
+
+def test_any_alias_is_refused_and_anchors_alone_are_fine() -> None:
+    with pytest.raises(ConfigError, match=r"line 2, .*aliases"):
+        parse_policy("verify: &v {timeout: 5m}\napproval: {timeout: *v}\n")
+    assert parse_policy("version: &v site-1\n").version == "site-1"
+
+
+def test_deep_nesting_and_huge_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nested more than"):
+        parse_policy("version: " + "[" * 20000 + "]" * 20000)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# padding\n" * 100_000)
+    with pytest.raises(ConfigError, match="larger than"):
+        load_policy(huge)
+
+
+def test_policy_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "policy.fifo"
+    os.mkfifo(fifo)  # a plain open() blocks on it until a writer comes
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_policy(fifo)
+            outcome.append(None)
+        except BaseException as error:  # handed to the test's thread
+            outcome.append(error)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(timeout=5)
+    if worker.is_alive():  # blocked: unblock it (a writer end) before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("load_policy blocked on a FIFO")
+    assert isinstance(outcome[0], ConfigError)
+    assert "not a regular file" in str(outcome[0])
+
+
+def test_error_messages_echo_a_bounded_part_of_the_value() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_policy(
+            "version: " + "[" * 30 + "1" + "]" * 30 + "\n" + "rails: {typo: " + "x" * 100_000 + "}"
+        )
+    assert len(str(caught.value)) < 400
+    assert "rails.typo" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("approval: {timeout: 0s}", "approval.timeout"),
+        ("approval: {timeout: 0}", "approval.timeout"),
+        ("verify: {timeout: PT0S}", "verify.timeout"),
+        ("verify: {poll_interval: 0s}", "verify.poll_interval"),
+        ("verify: {poll_interval: 1ms}", "verify.poll_interval"),
+        ("rails: {isolation_window: 0s}", "rails.isolation_window"),
+        ("rails: {restart_window: 0m}", "rails.restart_window"),
+        ("approval: {timeout: .inf}", "approval.timeout"),
+        ("approval: {timeout: -.inf}", "approval.timeout"),
+        ("verify: {timeout: .nan}", "verify.timeout"),
+        ("approval: {timeout: 99999999999d}", "approval.timeout"),
+        ("approval: {timeout: 99999999999999999999}", "approval.timeout"),
+        ("rails: {restart_window: 400d}", "rails.restart_window"),
+        ("detect: {settle: .inf}", "detect.settle"),
+        ("detect: {settle: 99999999999d}", "detect.settle"),
+    ],
+)
+def test_zero_infinite_and_out_of_range_durations_name_the_key(text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_policy(text)
+    assert caught.value.problems[0].startswith(f"{key}: "), caught.value.problems
+
+
+def test_zero_settle_means_no_wait_and_sane_values_pass() -> None:
+    policy = parse_policy(
+        "detect: {settle: 0s}\nverify: {poll_interval: 500ms, timeout: 1s}\n"
+        "approval: {timeout: 366d}\nrails: {isolation_window: 1s}\n"
+    )
+    assert policy.detect.settle == timedelta(0)
+    assert policy.verify.poll_interval == timedelta(milliseconds=500)
+    # What a workflow receives (JSON, ISO 8601 durations) validates again unchanged.
+    assert Policy.model_validate_json(policy.model_dump_json()) == policy
+
+
+@pytest.mark.parametrize("value", ["0s", "99999999999d", "1e999", "99999999999999999999", "nan"])
+def test_bad_command_timeout_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("TRAINMEDIC_SLURM_COMMAND_TIMEOUT", value)
+    with pytest.raises(ConfigError, match="TRAINMEDIC_SLURM_COMMAND_TIMEOUT"):
+        load_settings()
+
+
+# --------------------------------------------------------------------- TLS and secrets
+
+
+def test_tls_stays_off_without_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings()
+    assert settings.temporal_tls is False
+    assert settings.temporal_tls_implied_by is None
+
+
+def test_an_api_key_turns_tls_on_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_API_KEY", "s3cret")
+    settings = load_settings()
+    assert settings.temporal_tls is True
+    assert settings.temporal_tls_implied_by == "TRAINMEDIC_TEMPORAL_API_KEY"
+
+
+def test_client_certificates_turn_tls_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_TLS_CERT", str(tmp_path / "c.pem"))
+    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_TLS_KEY", str(tmp_path / "k.pem"))
+    assert load_settings().temporal_tls is True
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("TRAINMEDIC_TEMPORAL_API_KEY", "s3cret"), ("TRAINMEDIC_TEMPORAL_TLS_CA", "/etc/ca.pem")],
+)
+def test_credentials_with_tls_explicitly_off_are_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_TLS", "false")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"TLS is off but {variable}") as caught:
+        load_settings()
+    assert "s3cret" not in str(caught.value)
+
+
+async def test_connect_sends_an_api_key_only_over_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporalio.client import Client
+    from temporalio.service import TLSConfig
+
+    from trainmedic.temporal import client as tm_client
+
+    seen: dict[str, Any] = {}
+
+    async def fake_connect(target: str, **kwargs: Any) -> str:
+        seen.update(kwargs, target=target)
+        return "client"
+
+    monkeypatch.setattr(Client, "connect", fake_connect)
+    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_API_KEY", "s3cret")
+    assert await tm_client.connect(load_settings()) == "client"
+    assert seen["api_key"] == "s3cret"
+    assert isinstance(seen["tls"], TLSConfig)

@@ -75,10 +75,74 @@ def test_running_job_that_fails(state: str, kind: str) -> None:
     assert diff_views(view([ended], NODES), view([ended], NODES)) == []
 
 
-def test_completed_and_cancelled_jobs_are_not_failures() -> None:
-    for state in ("COMPLETED", "CANCELLED", "COMPLETING"):
+def test_completed_jobs_are_not_failures() -> None:
+    for state in ("COMPLETED", "COMPLETING"):
         after = JobView(job_id="7", state=state, nodes="gpu[01-02]")
         assert diff_views(view([running()], NODES), view([after], NODES)) == []
+
+
+# A cancel by the job's owner, an admin or trainmedic itself is no failure: it is
+# noted (`job_cancelled`, in the router's NOTED_KINDS), never an incident.
+
+
+def test_cancelled_running_job_is_a_note_not_a_failure() -> None:
+    after = JobView(job_id="7", state="CANCELLED", nodes="gpu[01-02]", restarts=1)
+    signals = diff_views(view([running(restarts=1)], NODES), view([after], NODES))
+    assert kinds(signals) == [("job_cancelled", "7")]
+    assert signals[0].run == 1
+    assert signals[0].nodes == ["gpu01", "gpu02"]
+    assert "not a failure" in signals[0].detail
+    assert "job_state=CANCELLED" in signals[0].evidence[0].text
+    # Once: the next identical view says nothing more.
+    assert diff_views(view([after], NODES), view([after], NODES)) == []
+
+
+def test_cancelled_record_without_nodes_keeps_the_nodes_it_ran_on() -> None:
+    after = JobView(job_id="7", state="CANCELLED", nodes="")
+    signals = diff_views(view([running()], NODES), view([after], NODES))
+    assert [(s.kind, s.nodes) for s in signals] == [("job_cancelled", ["gpu01", "gpu02"])]
+
+
+def test_cancelled_pending_job_is_not_news() -> None:
+    pending = JobView(job_id="9", state="PENDING", reason="Priority")
+    after = JobView(job_id="9", state="CANCELLED", reason="Priority")
+    assert diff_views(view([pending], NODES), view([after], NODES)) == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [("NodeDown", "job_node_fail"), ("TimeLimit", "job_timeout"), ("None", "job_cancelled")],
+)
+def test_cancelled_for_a_failure_stays_a_failure(reason: str, kind: str) -> None:
+    after = JobView(job_id="7", state="CANCELLED", nodes="gpu[01-02]", reason=reason)
+    assert kinds(diff_views(view([running()], NODES), view([after], NODES))) == [(kind, "7")]
+
+
+@pytest.mark.parametrize(
+    ("name", "job_id"),
+    [
+        ("22.05/squeue_held_nodefail.json", "2"),
+        ("24.11/real/finished_squeue_states_all.json", "3"),
+    ],
+)
+@pytest.mark.parametrize("fast", [False, True])
+def test_captured_cancelled_jobs_are_notes(name: str, job_id: str, fast: bool) -> None:
+    if fast and not sw.HAVE_MSGSPEC:
+        pytest.skip("msgspec is not installed")
+    jobs = parse_squeue_lean((DATA / name).read_text(), use_msgspec=fast)
+    cancelled = jobs[job_id]
+    assert cancelled.state == "CANCELLED"
+    before = {**jobs, job_id: running(job_id, "gpu01", restarts=cancelled.restarts)}
+    signals = diff_views(view(list(before.values()), NODES), view(list(jobs.values()), NODES))
+    assert [(s.kind, s.job_id, s.nodes) for s in signals] == [("job_cancelled", job_id, ["gpu01"])]
+
+
+async def test_vanished_cancelled_job_is_a_note() -> None:
+    final = SlurmJob(job_id="7", state="CANCELLED", nodes=["gpu01"], restarts=0)
+    source = ScriptedSource([view([running("7")], NODES, at=1.0), view([], NODES, at=3.0)])
+    w = watcher(source, FakeBackend({"7": final}))
+    await w.poll_once()
+    assert kinds(await w.poll_once()) == [("job_cancelled", "7")]
 
 
 def test_requeue_reports_the_run_that_ended() -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import secrets
+import stat
 import sys
 from collections import Counter
 from datetime import datetime
@@ -12,7 +16,7 @@ from typing import TextIO
 import typer
 from rich.text import Text
 
-from trainmedic.audit import export, parse_since
+from trainmedic.audit import AuditError, export, parse_since
 from trainmedic.cli.common import err_console, settings
 from trainmedic.errors import TrainmedicError
 from trainmedic.temporal.client import connect
@@ -45,6 +49,37 @@ async def _export(
     return counts
 
 
+def _export_to_file(
+    output: Path, since: datetime | None, incident: str | None, address: str | None
+) -> Counter[str]:
+    """Export into a new file beside `output`, renamed over it only once complete: an
+    unreachable Temporal or a failure half-way leaves the previous export as it was."""
+    try:
+        mode = os.stat(output).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        # A device or FIFO (/dev/stdout, a pipe): nothing to keep, and nothing to rename over.
+        with output.open("w", encoding="utf-8") as handle:
+            return asyncio.run(_export(handle, since, incident, address))
+    temp = output.with_name(f".{output.name}.{secrets.token_hex(4)}.tmp")
+    # 0o666 less the umask, as open() would make it; an existing export keeps its mode.
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if mode is not None:
+                os.fchmod(handle.fileno(), stat.S_IMODE(mode))
+            counts = asyncio.run(_export(handle, since, incident, address))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return counts
+
+
 @app.command("export")
 def export_cmd(
     since: str | None = typer.Option(
@@ -64,12 +99,14 @@ def export_cmd(
     Slurm command and result. Workflows started a moment ago may not be listed yet
     (visibility is eventually consistent); --incident reads one directly."""
     try:
-        start = parse_since(since) if since else None
+        try:
+            start = parse_since(since) if since else None
+        except OverflowError:  # e.g. 99999999999d: before the start of the calendar
+            raise AuditError(f"--since {since!r}: too far back; give e.g. 30m, 2h, 1d") from None
         if output is None:
             counts = asyncio.run(_export(sys.stdout, start, incident, address))
         else:
-            with output.open("w", encoding="utf-8") as handle:
-                counts = asyncio.run(_export(handle, start, incident, address))
+            counts = _export_to_file(output, start, incident, address)
     except TrainmedicError as error:
         err_console.print(Text.assemble(("error: ", "bold red"), str(error)), soft_wrap=True)
         raise typer.Exit(2) from None

@@ -1,4 +1,5 @@
-"""`trainmedic incidents`: list, show, approve/reject, and the cluster's mode.
+"""`trainmedic incidents`: list, show, approve/reject, the cluster's mode, and releasing
+a node from its quarantine.
 
 Approvals go through the RecoveryWorkflow's `decide` update, not the signals: an update
 is validated by the workflow itself, so a wrong one (unknown action, already decided,
@@ -28,6 +29,7 @@ from trainmedic.cli.common import console, err_console, settings
 from trainmedic.domain.control import SetModeRequest
 from trainmedic.domain.diagnosis import Diagnosis
 from trainmedic.domain.enums import Mode
+from trainmedic.domain.hostlist import HostlistError, validate_node_name
 from trainmedic.domain.incident import (
     Decision,
     DecisionPayload,
@@ -46,10 +48,16 @@ from trainmedic.temporal.search_attributes import (
     TM_STAGE,
 )
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.quarantine import (
+    NodeQuarantineWorkflow,
+    ReleasePayload,
+    quarantine_workflow_id,
+)
 from trainmedic.workflows.recovery import RecoveryWorkflow
 
 app = typer.Typer(
-    help="Incidents (one RecoveryWorkflow each): list, show, approve or reject, set the mode.",
+    help="Incidents (one RecoveryWorkflow each): list, show, approve or reject, set the mode;"
+    " release a quarantined node.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -330,7 +338,14 @@ def _decide_cmd(
     )
 
 
-BY = typer.Option(..., "--by", help="Who decides (recorded in the audit trail).")
+def _who(value: str) -> str:
+    # Required is not enough: `--by ""` would record a decision by nobody.
+    if not value.strip():
+        raise typer.BadParameter("say who you are; it is recorded in the audit trail")
+    return value.strip()
+
+
+BY = typer.Option(..., "--by", help="Who decides (recorded in the audit trail).", callback=_who)
 ACTION = typer.Option("all", "--action", help="An effect id (e.g. drain-gpu02) or 'all'.")
 COMMENT = typer.Option("", "--comment", help="Why.")
 
@@ -383,7 +398,7 @@ async def set_mode(client: Client, cluster: str, request: SetModeRequest) -> Mod
 def mode_cmd(
     cluster: str,
     mode: Mode,
-    by: str = typer.Option(..., "--by", help="Who changes it (recorded)."),
+    by: str = typer.Option(..., "--by", help="Who changes it (recorded).", callback=_who),
     reason: str = typer.Option("", "--reason", help="Why (recorded)."),
     address: str | None = ADDRESS,
 ) -> None:
@@ -391,3 +406,55 @@ def mode_cmd(
     request = SetModeRequest(mode=mode, by=by, reason=reason)
     now = _run(lambda client: set_mode(client, cluster, request), address)
     console.print(f"cluster {cluster}: mode {now.value} (by {by})", markup=False, soft_wrap=True)
+
+
+# -------------------------------------------------------------------- quarantine
+
+
+async def release(client: Client, cluster: str, node: str, payload: ReleasePayload) -> str:
+    """Signal `release` to the node's NodeQuarantineWorkflow; returns its id. Describe,
+    not query, checks it first: a signal needs no worker running, so neither does this."""
+    workflow_id = quarantine_workflow_id(cluster, node)
+    handle = client.get_workflow_handle_for(NodeQuarantineWorkflow.run, workflow_id)
+    try:
+        described = await handle.describe()
+        if described.status is not WorkflowExecutionStatus.RUNNING:
+            state = described.status.name.lower() if described.status else "closed"
+            raise Refused(f"{workflow_id} is finished ({state}); node {node} is not in quarantine")
+        await handle.signal(NodeQuarantineWorkflow.release, payload)
+    except RPCError as error:
+        if error.status is RPCStatusCode.NOT_FOUND:
+            raise Refused(
+                f"node {node} of cluster {cluster} is not in quarantine (no {workflow_id})"
+            ) from None
+        raise _rpc_problem(error, workflow_id) from None
+    return workflow_id
+
+
+@app.command("release")
+def release_cmd(
+    node: str = typer.Argument(..., help="The quarantined node, e.g. gpu02."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Its cluster (default: TRAINMEDIC_CLUSTER)."
+    ),
+    by: str = typer.Option(
+        ..., "--by", help="Who releases it (recorded in the audit trail).", callback=_who
+    ),
+    comment: str = COMMENT,
+    address: str | None = ADDRESS,
+) -> None:
+    """Let a quarantined node go back early (skips the cool-down; resumed only if
+    trainmedic drained it)."""
+    try:
+        validate_node_name(node)
+    except HostlistError as error:
+        raise typer.BadParameter(str(error), param_hint="NODE") from None
+    where = cluster or settings().cluster
+    payload = ReleasePayload(by=by, comment=comment)
+    workflow_id = _run(lambda client: release(client, where, node, payload), address)
+    console.print(
+        f"{workflow_id}: release sent (by {by}); `temporal workflow describe -w {workflow_id}`"
+        " shows what it does next",
+        markup=False,
+        soft_wrap=True,
+    )

@@ -123,6 +123,13 @@ def kill_node(
     """Hard node death: SIGKILL the node's slurmd, its step daemons and their jobs."""
     lab = _lab(root)
     killed = lab.kill_node(_node(name))
+    if not killed:
+        # The lab runs but this node's slurmd was already gone: it is dead already.
+        console.print(
+            f"{name} was already dead (no slurmd or job processes); bring it back with"
+            f" `trainmedic lab revive-node {name}`."
+        )
+        return
     console.print(
         f"killed {name} ({len(killed)} processes). Slurm marks it DOWN after SlurmdTimeout;"
         f" bring it back with `trainmedic lab revive-node {name}`."

@@ -11,7 +11,7 @@ from datetime import timedelta
 import typer
 
 from trainmedic.cli.common import console, dev_server, settings
-from trainmedic.config import Policy, Settings, load_policy
+from trainmedic.config import MAX_DURATION, Policy, Settings, load_policy
 from trainmedic.durations import parse_duration
 from trainmedic.lab import Lab
 from trainmedic.temporal.client import connect
@@ -40,17 +40,33 @@ async def _serve(
 
 
 def _hang_after(text: str) -> timedelta:
-    value = parse_duration(text)
+    try:
+        value = parse_duration(text)
+    except (ValueError, OverflowError):
+        value = None
     if not isinstance(value, timedelta):
         raise typer.BadParameter(f"{text!r} is not a duration (e.g. 10m)")
+    # 0s would call every running job hung at once; a huge value overflows the clock.
+    if not timedelta(0) < value <= MAX_DURATION:
+        raise typer.BadParameter(f"{text!r}: give more than 0s and at most {MAX_DURATION.days}d")
     return value
+
+
+def _check_hang_after(text: str) -> str:
+    _hang_after(text)  # at parse time: refused before the lab or server starts
+    return text
+
+
+HANG_AFTER = typer.Option(
+    "10m", help="No training progress this long is a hang.", callback=_check_hang_after
+)
 
 
 def worker(
     detect: bool = typer.Option(
         True, "--detect/--no-detect", help="Run the watchers too (Slurm, logs, spools)."
     ),
-    hang_after: str = typer.Option("10m", help="No training progress this long is a hang."),
+    hang_after: str = HANG_AFTER,
 ) -> None:
     """Run the controller (worker and watchers) against the configured Temporal and Slurm."""
     config = settings()
@@ -71,7 +87,7 @@ def up(
         True, "--lab/--existing-slurm", help="Start the Slurm lab, or use the Slurm configured."
     ),
     keep: bool = typer.Option(False, help="Leave the dev server and lab running on exit."),
-    hang_after: str = typer.Option("10m", help="No training progress this long is a hang."),
+    hang_after: str = HANG_AFTER,
 ) -> None:
     """The main job on the embedded default: Temporal dev server, Slurm lab, controller."""
     config = settings()

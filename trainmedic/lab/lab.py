@@ -710,10 +710,16 @@ class Lab:
         """A hard node death: SIGKILL its slurmd, its step daemons and their job processes.
 
         Slurm notices on its own: the node goes DOWN (not responding) after
-        SlurmdTimeout and its batch jobs are requeued. Returns the pids killed.
+        SlurmdTimeout and its batch jobs are requeued. Returns the pids killed: none when
+        the node is already dead. A lab that is not running is an error, not "0 killed".
         """
         self._known_node(name)
         with self._locked():
+            if self._slurmctld_pid() is None:
+                raise LabError(
+                    f"the lab in {self.root} is not running, so {name} has nothing to kill; "
+                    "start it with `trainmedic lab up`"
+                )
             killed: list[int] = []
             slurmd = self._slurmd_pid(name)
             if slurmd is not None:

@@ -18,8 +18,15 @@ logger = logging.getLogger(__name__)
 
 
 def _tls(settings: Settings) -> TLSConfig | bool:
+    # Settings turns TLS on when a key or certificate is set and TRAINMEDIC_TEMPORAL_TLS
+    # is not, and refuses an explicit "off" with them: no credential goes out in plaintext.
     if not settings.temporal_tls:
         return False
+    if settings.temporal_tls_implied_by:
+        logger.info(
+            "TLS to Temporal is on because %s is set (TRAINMEDIC_TEMPORAL_TLS unset)",
+            settings.temporal_tls_implied_by,
+        )
     return TLSConfig(
         server_root_ca_cert=settings.temporal_tls_ca.read_bytes()
         if settings.temporal_tls_ca

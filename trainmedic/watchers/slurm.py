@@ -4,7 +4,8 @@ Every `interval` seconds it reads all jobs (`squeue --json`) and all nodes
 (`sinfo --json`), compares them with the previous view and submits one `IncidentSignal`
 per change that matters (the kinds are the contract in notes/DESIGN: `job_failed`,
 `job_node_fail`, `job_oom`, `job_timeout`, `job_preempted`, `job_requeued`, `job_held`,
-`node_down`, `node_not_responding`, `node_failed`, `node_drained_by_admin`).
+`job_cancelled`, `node_down`, `node_not_responding`, `node_failed`,
+`node_drained_by_admin`).
 
 Views are kept as small slotted records, not pydantic models: at 12,500 nodes and
 20,000 jobs the full models cost seconds per cycle, the records a few hundred
@@ -27,7 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Protocol
@@ -68,6 +69,20 @@ FAILED_JOB_KINDS: dict[str, str] = {
     "TIMEOUT": "job_timeout",
     "DEADLINE": "job_timeout",
     "PREEMPTED": "job_preempted",
+}
+# A job that ends CANCELLED was cancelled on purpose: by its owner, an admin, or trainmedic
+# itself (a `stop`). That is no failure, and it is reported as a note (the router opens
+# nothing for it). Slurm gives the failures that end a job early their own states
+# (NODE_FAIL, PREEMPTED, TIMEOUT, above), so those never arrive as CANCELLED; should a
+# CANCELLED job carry a reason that names a failure, it is reported as that failure.
+CANCELLED_KIND = "job_cancelled"
+CANCELLED_FAILURE_REASONS: dict[str, str] = {
+    "NodeDown": "job_node_fail",
+    "JobLaunchFailure": "job_node_fail",
+    "Prolog": "job_node_fail",
+    "SystemFailure": "job_failed",
+    "TimeLimit": "job_timeout",
+    "OutOfMemory": "job_oom",
 }
 # States in which a job still holds its nodes; leaving squeue from one of them means we
 # missed its end.
@@ -453,6 +468,31 @@ def _node_signal(
     )
 
 
+def end_kind(job: JobView) -> str | None:
+    """The signal kind for a job that ended in `job.state`: a failure's, `job_cancelled`
+    for a cancel on purpose, or None (completed, or not ended)."""
+    if job.state == "CANCELLED":
+        return CANCELLED_FAILURE_REASONS.get(job.reason or "", CANCELLED_KIND)
+    return FAILED_JOB_KINDS.get(job.state)
+
+
+def _cancelled(
+    job: JobView, before: JobView | None, detail: str, at: datetime
+) -> IncidentSignal | None:
+    """The note for a cancelled job that ran; a pending job cancelled is nobody's news."""
+    if not job.nodes and before is not None and before.state in _ACTIVE:
+        job = replace(job, nodes=before.nodes)  # the record may no longer name its nodes
+    if not job.nodes:
+        return None
+    return _job_signal(
+        CANCELLED_KIND,
+        job,
+        f"{detail}: by its owner, an admin or trainmedic; noted, not a failure",
+        job.restarts,
+        at,
+    )
+
+
 def diff_jobs(
     prev: Mapping[str, JobView], cur: Mapping[str, JobView], at: datetime
 ) -> tuple[list[IncidentSignal], list[JobView]]:
@@ -467,8 +507,13 @@ def diff_jobs(
                     _job_signal("job_held", job, f"held: {job.reason}", job.restarts, at)
                 )
             continue  # the common case: nothing changed
-        kind = FAILED_JOB_KINDS.get(job.state)
-        if kind is not None and (before is None or before.state != job.state):
+        kind = end_kind(job)
+        if kind == CANCELLED_KIND and (before is None or before.state != job.state):
+            was = "ended" if before is None else f"{before.state} ->"
+            note = _cancelled(job, before, f"job {job_id} {was} CANCELLED", at)
+            if note is not None:
+                signals.append(note)
+        elif kind is not None and (before is None or before.state != job.state):
             signals.append(
                 _job_signal(
                     kind,
@@ -634,8 +679,15 @@ class SlurmWatcher:
                 logger.warning("job %s left squeue; lookup failed: %s", job.job_id, error)
                 final = None
             if final is not None:
-                kind = FAILED_JOB_KINDS.get(final.state)
-                if kind is not None:
+                kind = end_kind(final)
+                if kind == CANCELLED_KIND:
+                    detail = (
+                        f"job {job.job_id} {job.state} -> CANCELLED (seen after it left squeue)"
+                    )
+                    note = _cancelled(final, job, detail, at)
+                    if note is not None:
+                        signals.append(note)
+                elif kind is not None:
                     signals.append(
                         _job_signal(
                             kind,
@@ -698,6 +750,7 @@ def iter_kinds() -> Iterator[str]:
     yield from (
         "job_requeued",
         "job_held",
+        CANCELLED_KIND,
         "node_down",
         "node_not_responding",
         "node_failed",
