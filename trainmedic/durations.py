@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any
@@ -10,6 +11,15 @@ from pydantic import BeforeValidator
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# Far beyond any sensible timeout, far below timedelta's own overflow: a typo like
+# 99999999999d gets a clear error instead of an OverflowError traceback.
+MAX_DURATION = timedelta(days=3650)
+
+
+def _seconds(seconds: float, value: Any) -> timedelta:
+    if not math.isfinite(seconds) or seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"'{value}' is out of range: at most {MAX_DURATION.days}d")
+    return timedelta(seconds=seconds)
 
 
 def parse_duration(value: Any) -> Any:
@@ -17,14 +27,14 @@ def parse_duration(value: Any) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         if value < 0:
             raise ValueError("a duration cannot be negative")
-        return timedelta(seconds=value)
+        return _seconds(float(value), value)
     if isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         if text and _PART.sub("", text) == "":
             seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(text))
-            return timedelta(seconds=seconds)
+            return _seconds(seconds, value)
         if re.fullmatch(r"\d+(\.\d+)?", text):
-            return timedelta(seconds=float(text))
+            return _seconds(float(text), value)
         if not text.startswith("p"):  # let ISO 8601 ("PT15M") through to pydantic
             raise ValueError(f"'{value}' is not a duration; write e.g. 90s, 15m, 1h30m, 2d")
     return value

@@ -296,3 +296,14 @@ async def test_connect_sends_an_api_key_only_over_tls(monkeypatch: pytest.Monkey
     assert await tm_client.connect(load_settings()) == "client"
     assert seen["api_key"] == "s3cret"
     assert isinstance(seen["tls"], TLSConfig)
+
+
+@pytest.mark.parametrize("text", [".inf", "nan", "99999999999d", "1e400", float("inf")])
+def test_the_duration_type_itself_refuses_what_would_overflow(text: object) -> None:
+    """Every Duration field (watchers' intervals too), not only the policy's."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from trainmedic.durations import Duration
+
+    with pytest.raises(ValidationError, match=r"out of range|not a duration"):
+        TypeAdapter(Duration).validate_python(text)
