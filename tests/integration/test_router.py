@@ -217,6 +217,11 @@ async def test_unhealthy_node_is_kept_out_until_released(
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.3)
         assert "DRAIN" in node_state(clean_lab, "gpu02")
+        # A release that names nobody (as the UI sends it without a payload) is refused.
+        await handle.signal(NodeQuarantineWorkflow.release, ReleasePayload(by=" "))
+        status = await handle.query(NodeQuarantineWorkflow.status)
+        assert status.state == "kept_out" and status.released_by is None
+        assert status.ignored and "say who releases" in status.ignored[0]
         await handle.signal(NodeQuarantineWorkflow.release, ReleasePayload(by="ops", comment="ok"))
         # After the release the next check still fails, but the operator's word counts.
         result = await asyncio.wait_for(handle.result(), 60)

@@ -77,6 +77,7 @@ class QuarantineStatus(BaseModel):
     released_by: ReleasePayload | None = None
     resume: EffectResult | None = None
     escalated: str | None = None
+    ignored: list[str] = Field(default_factory=list)  # refused releases, and why
 
 
 QuarantineInput.model_rebuild()
@@ -100,6 +101,7 @@ class NodeQuarantineWorkflow:
         self.state: QuarantineState = "cooling_down"
         self.details = "waiting for reports to settle"
         self.released: ReleasePayload | None = None
+        self.ignored: list[str] = []
         self.resume_result: EffectResult | None = None
         self.new_reports = 0
         self.seen = 0  # reports counted when the current wait began
@@ -111,7 +113,14 @@ class NodeQuarantineWorkflow:
 
     @workflow.signal
     def release(self, payload: ReleasePayload) -> None:
-        """An operator says the node may go back (early, or after an escalation)."""
+        """An operator says the node may go back (early, or after an escalation).
+
+        A release names who gives it: one without `by` (the UI sends no identity) is
+        recorded as ignored, never acted on."""
+        if not payload.by.strip():
+            self.ignored.append("release ignored: say who releases the node ('by')")
+            workflow.logger.warning("%s", self.ignored[-1])
+            return
         self.released = payload
 
     @workflow.query
@@ -126,6 +135,7 @@ class NodeQuarantineWorkflow:
             released_by=self.released,
             resume=self.resume_result,
             escalated=self.escalated,
+            ignored=self.ignored,
         )
 
     def _set(self, state: QuarantineState, details: str) -> None:
