@@ -132,6 +132,22 @@ class Settings(BaseSettings):
     ssh_port: int = Field(22, ge=1, le=65535)
     ssh_key: Path | None = None
 
+    # Spools (epilog reports, node-agent reports): extra accepted owners besides root and
+    # the controller's own user, and the site key that node agents sign reports with.
+    spool_owners: str = Field("", description="User names or uids, comma-separated.")
+    spool_key_file: Path | None = Field(None, description="HMAC key file (mode 0600).")
+    # Attribution reads at most the tail of each log, for at most this long (the
+    # workflow gives the activity five minutes).
+    attribution_max_scan_bytes: int = Field(64 * 2**20, ge=2**20, le=2**40)
+    attribution_scan_timeout: PositiveDuration = timedelta(minutes=2)
+
+    @field_validator("attribution_scan_timeout")
+    @classmethod
+    def _under_the_activity_timeout(cls, value: timedelta) -> timedelta:
+        if value > timedelta(minutes=4):
+            raise ValueError("at most 4m: the attribute activity itself times out at 5m")
+        return value
+
     @field_validator("cluster")
     @classmethod
     def _cluster_name(cls, value: str) -> str:
@@ -192,7 +208,7 @@ class _Strict(BaseModel):
 
 
 class ModePolicy(_Strict):
-    """Per cluster, overridable per action kind and per partition (partition wins)."""
+    """Per cluster, overridable per action kind and per partition (the stricter wins)."""
 
     default: Mode = Mode.MONITOR
     actions: dict[Action, Mode] = Field(default_factory=dict)

@@ -307,3 +307,24 @@ def test_the_duration_type_itself_refuses_what_would_overflow(text: object) -> N
 
     with pytest.raises(ValidationError, match=r"out of range|not a duration"):
         TypeAdapter(Duration).validate_python(text)
+
+
+def test_spool_and_attribution_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from trainmedic.watchers.spoolfile import spool_policy
+
+    key = tmp_path / "site.key"
+    key.write_text("k" * 32)
+    key.chmod(0o600)
+    monkeypatch.setenv("TRAINMEDIC_SPOOL_KEY_FILE", str(key))
+    monkeypatch.setenv("TRAINMEDIC_SPOOL_OWNERS", "1001,0")
+    settings = load_settings()
+    assert spool_policy(settings, signed=True).key == b"k" * 32
+    assert spool_policy(settings, signed=False).key is None
+    assert {1001, 0} <= spool_policy(settings, signed=True).accepted
+    key.chmod(0o644)  # a key others can read signs nothing
+    with pytest.raises(ConfigError, match="use 0600"):
+        spool_policy(settings, signed=True)
+    monkeypatch.setenv("TRAINMEDIC_ATTRIBUTION_SCAN_TIMEOUT", "10m")
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert "ATTRIBUTION_SCAN_TIMEOUT" in str(error.value)

@@ -53,6 +53,7 @@ from trainmedic.errors import DeliveryError
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.epilog import EpilogSpool, spool_dir
 from trainmedic.watchers.slurm import JsonSource, SlurmWatcher
+from trainmedic.watchers.spoolfile import spool_policy
 from trainmedic.workflows.quarantine import (
     NodeQuarantineWorkflow,
     QuarantineInput,
@@ -427,7 +428,13 @@ def build_slurm_detection(
     watcher = SlurmWatcher(backend, held, interval, cluster=settings.cluster, source=source)
     router.run_lookup = watcher.job_run
     router.node_count = watcher.node_count
-    spool = EpilogSpool(spool_folder or spool_dir(settings.state_dir), router, backend=backend)
+    spool = EpilogSpool(
+        spool_folder or spool_dir(settings.state_dir),
+        router,
+        backend=backend,
+        # Written on this host by slurmctld's epilog: the owner check is the guard.
+        policy=spool_policy(settings, signed=False),
+    )
     return SlurmDetection(router=router, watcher=watcher, spool=spool, held=held)
 
 

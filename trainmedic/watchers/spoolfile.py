@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainmedic.config import Settings
 from trainmedic.errors import ConfigError, DeliveryError
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,14 @@ class SpoolPolicy:
         key_file = env.get(KEY_FILE_ENV, "").strip()
         key = load_key(Path(key_file)) if signed and key_file else None
         return cls(owners=owners, key=key)
+
+
+def spool_policy(settings: Settings, *, signed: bool) -> SpoolPolicy:
+    """The controller's spool policy from its Settings (TRAINMEDIC_SPOOL_OWNERS,
+    TRAINMEDIC_SPOOL_KEY_FILE); a bad key or owner is a ConfigError at start-up."""
+    owners = parse_owners(settings.spool_owners)
+    key_file = settings.spool_key_file
+    return SpoolPolicy(owners=owners, key=load_key(key_file) if signed and key_file else None)
 
 
 # ------------------------------------------------------------------------ signatures

@@ -74,7 +74,11 @@ def build_activities(
 ) -> list[Any]:
     backend = backend or slurm_backend(settings)
     slurm = SlurmActivities(backend)
-    attribution = AttributionActivities(attributor or default_attributor())
+    attribution = AttributionActivities(
+        attributor or default_attributor(),
+        max_scan_bytes=settings.attribution_max_scan_bytes,
+        scan_timeout=settings.attribution_scan_timeout,
+    )
     control = ControlActivities(client, policy, settings.temporal_task_queue, backend)
     quarantine = QuarantineActivities(backend, node_health(backend, lab))
     return [

@@ -45,7 +45,13 @@ from trainmedic.watchers.router import (
     local_runner,
 )
 from trainmedic.watchers.slurm import SlurmWatcher
-from trainmedic.watchers.spoolfile import SpoolDir, SpoolItem, SpoolPolicy, SpoolRefused
+from trainmedic.watchers.spoolfile import (
+    SpoolDir,
+    SpoolItem,
+    SpoolPolicy,
+    SpoolRefused,
+    spool_policy,
+)
 from trainmedic.workers.node_agent import SIGNAL_PURPOSE, agent_signal_problem
 
 logger = logging.getLogger(__name__)
@@ -249,7 +255,13 @@ def build_detection(
         )
         for node, kernel in agents
     ]
-    spools = [SignalSpool(signal_spool or settings.state_dir / "spool" / "signals", fanout)]
+    spools = [
+        SignalSpool(
+            signal_spool or settings.state_dir / "spool" / "signals",
+            fanout,
+            policy=spool_policy(settings, signed=True),
+        )
+    ]
     return Detection(
         slurm=slurm,
         logs=logs,
