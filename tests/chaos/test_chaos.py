@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 import uuid
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client
@@ -35,6 +36,8 @@ from trainmedic.domain import Outcome
 from trainmedic.domain.incident import EffectStatus, IncidentSignal
 from trainmedic.lab import Lab
 from trainmedic.lab.workload import lab_nodes
+from trainmedic.watchers.spoolfile import write_spool_file
+from trainmedic.workers.node_agent import SIGNAL_PURPOSE
 
 pytestmark = pytest.mark.integration
 
@@ -255,3 +258,101 @@ async def test_a_storm_is_one_incident_that_escalates(
         outcome = await result(temporal_client, storm.incident_id)
     assert outcome.outcome is Outcome.ESCALATED, outcome.summary
     assert sum(ctld.drains(n) for n in nodes) == 0
+
+
+async def test_forged_and_malformed_spool_files_are_set_aside(
+    lab: Lab,
+    temporal_client: Client,
+    controller: Worker,
+    controller_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    """With a site key: an unsigned report, a wrongly signed one, garbage, a link to a
+    secret and a world-writable file are refused with their reason kept beside them and
+    open nothing; a report the node agent signed opens the node's quarantine."""
+    key_file = tmp_path / "site.key"
+    key_file.write_bytes(os.urandom(32).hex().encode())
+    key_file.chmod(0o600)
+    key = key_file.read_bytes()
+    settings = controller_settings.model_copy(
+        update={"spool_key_file": key_file, "state_dir": tmp_path / "state"}
+    )
+    spool = settings.state_dir / "spool" / "signals"
+
+    def report(node_name: str) -> bytes:
+        return (
+            IncidentSignal(source="kernel", kind="kernel_xid", nodes=[node_name], detail="Xid 79")
+            .model_dump_json()
+            .encode()
+        )
+
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, settings) as detection:
+        write_spool_file(spool, "a-unsigned.json", report("gpu01"), purpose=SIGNAL_PURPOSE)
+        write_spool_file(
+            spool, "b-wrong-key.json", report("gpu02"), key=b"x" * 32, purpose=SIGNAL_PURPOSE
+        )
+        write_spool_file(spool, "c-garbage.json", b"\x00\xff{not json", purpose=SIGNAL_PURPOSE)
+        (spool / "d-link.json").symlink_to("/etc/shadow")
+        loose = write_spool_file(
+            spool, "e-loose.json", report("gpu03"), key=key, purpose=SIGNAL_PURPOSE
+        )
+        loose.chmod(0o666)
+        await async_wait_for(
+            lambda: not list(spool.glob("*.json")) or None, "the spool to be read", timeout=30
+        )
+        assert detection.router.started == []
+        write_spool_file(spool, "f-signed.json", report("gpu04"), key=key, purpose=SIGNAL_PURPOSE)
+        await async_wait_for(
+            lambda: any(i.endswith("-gpu04") for i in detection.router.started) or None,
+            "the signed report to open gpu04's quarantine",
+            timeout=30,
+        )
+    aside = sorted(p.name for p in (spool / "bad").iterdir() if not p.name.endswith(".reason"))
+    assert aside == [
+        "a-unsigned.json",
+        "b-wrong-key.json",
+        "c-garbage.json",
+        "d-link.json",
+        "e-loose.json",
+    ]
+    reasons = {p.name: p.read_text() for p in (spool / "bad").glob("*.reason")}
+    assert len(reasons) == 5 and all(reasons.values())
+    assert [i for i in detection.router.started if not i.endswith("-gpu04")] == []
+    assert sum(ctld.drains(n) for n in lab_nodes(lab)) == 0
+
+
+async def test_a_fifo_and_dev_zero_as_job_output_do_not_stop_the_controller(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """A job owner swaps a FIFO in as the output file, another writes to /dev/zero:
+    the tails and the attribution scan refuse them, and the controller still notices
+    and diagnoses a third job's failure in time."""
+    jobs_dir = lab.layout.jobs
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        swapped = submit(lab, 1)
+        await running(lab, swapped, detection)
+        output = jobs_dir / f"{swapped}.out"
+        output.unlink(missing_ok=True)
+        os.mkfifo(output)
+        zero = lab.run_client(
+            [
+                "sbatch",
+                "--parsable",
+                "-N",
+                "1",
+                "-o",
+                "/dev/zero",
+                "--wrap",
+                "sleep 3; exit 2",
+            ]
+        ).stdout.strip()
+        failing = submit(lab, 1, body="sleep 3\necho 'ValueError: bad config' >&2\nexit 1")
+        [zero_incident] = await wait_incidents(detection, zero, 1, timeout=90)
+        [incident] = await wait_incidents(detection, failing, 1, timeout=90)
+        zero_result = await result(temporal_client, zero_incident, timeout=240)
+        failing_result = await result(temporal_client, incident, timeout=240)
+    assert failing_result.diagnosis is not None
+    assert failing_result.outcome in {Outcome.STOPPED, Outcome.ESCALATED}, failing_result.summary
+    assert zero_result.diagnosis is not None
+    assert "not a regular file" in zero_result.diagnosis.summary, zero_result.diagnosis.summary
