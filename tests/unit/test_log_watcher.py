@@ -200,7 +200,8 @@ def test_requeue_overwrite_is_a_new_run(tmp_path: Path) -> None:
     assert len(_poll(watcher)) == 1
     out.write_text("resuming from checkpoint\n" + CUDA + "\n")  # run 1 truncated the file
     watcher.watch("3", [str(out)], run=1)
-    (signal,) = _poll(watcher)
+    started, signal = sorted(_poll(watcher), key=lambda s: s.kind != "run_started")
+    assert started.kind == "run_started" and started.log_from == {str(out): 0}  # rewritten
     (ev,) = [e for e in signal.evidence if e.rule_id == "cuda.illegal_address"]
     assert signal.run == 1 and ev.line_no == 2  # new run: not rate-limited, renumbered
     clock.now += 60
@@ -338,3 +339,49 @@ async def test_run_loop_polls_until_stopped(tmp_path: Path) -> None:
     stop.set()
     await asyncio.wait_for(task, 5)
     assert [s.kind for s in sink.signals] == ["log_match"]
+
+
+def test_an_appending_requeued_job_is_read_from_where_its_new_run_begins(
+    tmp_path: Path,
+) -> None:
+    """Issue 8.5: with --open-mode=append the old run's error stays in the file; the
+    next run neither reports it again nor lets attribution count it."""
+    sink = ListSink()
+    clock = Clock()
+    watcher = _watcher(sink, clock, linger=timedelta(seconds=5))
+    out = tmp_path / "train-4.out"
+    watcher.watch("4", [str(out)], run=0)
+    _append(out, "step 1\n" + CUDA + "\n")
+    assert [s.kind for s in _poll(watcher)] == ["log_match"]
+    boundary = out.stat().st_size
+    watcher.unwatch("4")  # run 0 failed; its last lines are read while it lingers
+    clock.now += 6
+    assert _poll(watcher) == []  # dropped, its read position remembered
+    watcher.watch("4", [str(out)], run=1)  # Slurm ran it again, appending
+    _append(out, "resuming from checkpoint step 8\nstep 9\n")
+    signals = _poll(watcher)
+    assert [(s.kind, s.run, s.log_from) for s in signals] == [
+        ("run_started", 1, {str(out): boundary})
+    ]
+    _append(out, WATCHDOG.format(r=3) + "\n")
+    (match,) = _poll(watcher)
+    assert match.run == 1 and match.log_from == {str(out): boundary}
+    assert [e.line_no for e in match.evidence] == [5]  # numbering carried over
+
+
+def test_a_requeued_job_whose_file_was_rewritten_starts_from_zero(tmp_path: Path) -> None:
+    sink = ListSink()
+    clock = Clock()
+    watcher = _watcher(sink, clock, linger=timedelta(seconds=1))
+    out = tmp_path / "train-5.out"
+    watcher.watch("5", [str(out)], run=0)
+    _append(out, "x" * 100 + "\n")
+    _poll(watcher)
+    watcher.unwatch("5")
+    clock.now += 2
+    _poll(watcher)
+    out.write_text("y" * 300 + "\n" + CUDA + "\n")  # truncated by the requeue, then longer
+    watcher.watch("5", [str(out)], run=1)
+    signals = _poll(watcher)
+    assert {s.kind for s in signals} == {"run_started", "log_match"}
+    assert all(s.log_from == {str(out): 0} for s in signals)

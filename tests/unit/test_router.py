@@ -263,3 +263,20 @@ async def test_held_signals_queue_behind_those_already_waiting() -> None:
     assert sink.got == []  # not ahead of the older report
     await held.flush()
     assert sink.got == ["first", "second"]
+
+
+async def test_where_a_run_begins_reaches_that_runs_incident_only() -> None:
+    """Issue 8.5: the log watcher says where run 1's output starts (an appending
+    requeued job); the incident of run 1 gets it, run 2's does not."""
+    client, clock = FakeClient(), Clock()
+    r = router(client, clock)
+    started = sig("run_started", "9", run=1, source="log").model_copy(
+        update={"log_from": {"/jobs/9.out": 4096}}
+    )
+    await r.submit(started)
+    assert client.calls == []
+    await r.submit(sig("job_failed", "9", run=1))
+    await r.submit(sig("job_failed", "9", run=2))
+    first, second = (c.kwargs["start_signal_args"][0] for c in client.calls)
+    assert first.log_from == {"/jobs/9.out": 4096}
+    assert second.log_from == {}

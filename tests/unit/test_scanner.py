@@ -137,3 +137,26 @@ def test_many_trigger_lines_in_a_row_each_judged_once() -> None:
     data = b"\n".join([OOM + b" Killed Error"] * 500 + [b"done"])
     hits = _scan(data, block_size=4096)
     assert [n for n, _ in hits] == list(range(1, 501))
+
+
+def test_scan_limits_start_where_the_run_begins(tmp_path: Path) -> None:
+    """An appending requeued job: the earlier run's error is not read again."""
+    from trainmedic.catalog.scanner import ScanLimits, scan_limits
+
+    log = tmp_path / "job.out"
+    old = "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+    new = "[rank0]: ValueError: the config names no dataset\n"
+    log.write_text(old + new)
+    scanner = Scanner(Matcher(load_catalog()))
+
+    def rules() -> set[str]:
+        return {m.rule.id for hit in scanner.scan_path(log) for m in hit.matches}
+
+    everything = rules()
+    with scan_limits(ScanLimits(start_at={str(log): len(old)})):
+        this_run = rules()
+    assert this_run and this_run < everything
+    assert not any("ecc" in rule for rule in this_run)
+    # An offset past the end (the file was truncated and rewritten): read it all.
+    with scan_limits(ScanLimits(start_at={str(log): 10_000})):
+        assert rules() == everything

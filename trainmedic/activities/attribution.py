@@ -45,7 +45,7 @@ class AttributionActivities:
 
     @activity.defn(name="attribute")
     async def attribute(self, request: AttributionRequest) -> Diagnosis:
-        limits = ScanLimits(max_bytes=self.max_scan_bytes)
+        limits = ScanLimits(max_bytes=self.max_scan_bytes, start_at=dict(request.log_from))
         budget = self.scan_timeout.total_seconds()
 
         def scan() -> Diagnosis:

@@ -52,6 +52,9 @@ class ScanLimits:
     """Bounds on one attribution's scans; shared with the thread that scans."""
 
     max_bytes: int | None = DEFAULT_MAX_SCAN_BYTES  # per file, from its end
+    # Where the diagnosed run's output begins, per file: earlier runs' lines (a requeued
+    # job appending to its log) are skipped. Ignored when the file is shorter.
+    start_at: dict[str, int] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() at which scanning stops
     cancel: threading.Event = field(default_factory=threading.Event)
     notes: list[str] = field(default_factory=list)
@@ -175,7 +178,14 @@ class Scanner:
             size, start = st.st_size, 0
             if limits is not None:
                 limits.files += 1
-                if limits.max_bytes is not None and size > limits.max_bytes:
+                run_start = limits.start_at.get(str(path), 0)
+                if 0 < run_start <= size:
+                    # Not a limit worth a note in the summary: the lines before belong
+                    # to earlier runs of the job, not to the failure being diagnosed.
+                    start = run_start
+                    handle.seek(start)
+                    log.debug("%s: this run's output starts at byte %d", path, run_start)
+                if limits.max_bytes is not None and size - start > limits.max_bytes:
                     start = size - limits.max_bytes
                     handle.seek(start)
                     limits.note(

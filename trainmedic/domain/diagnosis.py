@@ -60,5 +60,8 @@ class AttributionRequest(BaseModel):
     nodelist: list[str] = Field(default_factory=list)  # expanded, in Slurm's order
     tasks_per_node: int | None = None
     log_paths: list[str] = Field(default_factory=list)  # files to scan (stdout/stderr)
+    # Where the diagnosed run's output begins in each file: earlier runs' lines (an
+    # appending requeued job) are not read. Absent: the whole file (within the caps).
+    log_from: dict[str, int] = Field(default_factory=dict)
     evidence: list[Evidence] = Field(default_factory=list)  # lines already gathered
     slurm: SlurmObservation | None = None

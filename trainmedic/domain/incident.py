@@ -31,6 +31,10 @@ class IncidentSignal(BaseModel):
     # Which run of the job failed: Slurm's restart count while it ran. Reports about
     # one run are one incident; the next failure after a requeue is a new one.
     run: int | None = None
+    # Where that run's output begins in each log file (bytes). A requeued job writing
+    # with --open-mode=append keeps the earlier runs' lines before it; they are not
+    # evidence about this run.
+    log_from: dict[str, int] = Field(default_factory=dict)
 
 
 class IncidentInput(BaseModel):

@@ -38,7 +38,7 @@ import logging
 import re
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -123,6 +123,18 @@ class _Job:
     pending: list[_Hit] = field(default_factory=list)
     last_sent: dict[tuple[str, str | None, int | None], float] = field(default_factory=dict)
     lingering_since: float | None = None  # no longer running: read a little more, then drop
+    announce_run: bool = False  # a later run began: say where its output starts
+
+    def log_from(self) -> dict[str, int]:
+        """Where this run's output begins in each file (0 for the first run)."""
+        return {path: tail.run_start for path, tail in self.tails.items()}
+
+
+_MAX_ENDED = 20_000  # dropped jobs whose read positions are kept for a next run
+
+
+def _later(run: int | None, ended: int | None) -> bool:
+    return run is not None and ended is not None and run > ended
 
 
 def output_paths(job: SlurmJob) -> list[str]:
@@ -202,6 +214,12 @@ class LogWatcher:
         self._backoff = 0.0
         self._cursor = 0  # round-robin start, so a cycle budget never starves the same files
         self._last_cycle: float | None = None
+        # Where each dropped job's files were read up to, with its run: a requeued job's
+        # next run resumes there instead of reading the old run's lines again (with
+        # --open-mode=append they stay in the file). Bounded; oldest forgotten first.
+        self._ended: OrderedDict[str, tuple[int | None, dict[str, tuple[int, int, bytes]]]] = (
+            OrderedDict()
+        )
 
     # -- what to follow ----------------------------------------------------------------
 
@@ -217,17 +235,26 @@ class LogWatcher:
         wanted = list(dict.fromkeys(p for p in paths if p))
         with self._lock:
             job = self._jobs.get(job_id)
+            resume: dict[str, tuple[int, int, bytes]] = {}
             if job is None:
                 job = _Job(job_id, run, Topology(nodelist, tasks_per_node), {})
                 self._jobs[job_id] = job
                 log.debug("watching job %s: %s", job_id, wanted)
+                ended = self._ended.pop(job_id, None)
+                if ended is not None and _later(run, ended[0]):
+                    resume = ended[1]
+                    job.announce_run = True
             elif run is not None and job.run is not None and run != job.run:
-                # A requeued job is a new run: its progress and repeat limits start over.
+                # A requeued job is a new run: its progress and repeat limits start over,
+                # and its evidence starts where the old run's lines end.
                 log.info("job %s: run %s -> %s", job_id, job.run, run)
                 job.run = run
                 job.progress = JobProgress()
                 job.last_sent.clear()
                 job.pending.clear()
+                for tail in job.tails.values():
+                    tail.run_start = tail.offset
+                job.announce_run = True
             elif job.run is None:
                 job.run = run
             job.lingering_since = None
@@ -235,11 +262,14 @@ class LogWatcher:
                 job.topo = Topology(nodelist or job.topo.nodelist, tasks_per_node)
             for path in wanted:
                 if path not in job.tails:
-                    job.tails[path] = FileTail(
+                    tail = FileTail(
                         path,
                         max_line=self.config.max_line,
                         catch_up_bytes=self.config.catch_up_bytes,
                     )
+                    if path in resume:
+                        tail.resume_at(*resume[path])
+                    job.tails[path] = tail
             for path in list(job.tails):
                 if path not in wanted:
                     del job.tails[path]
@@ -402,6 +432,9 @@ class LogWatcher:
         hang_after = cfg.progress.hang_after.total_seconds()
         linger = cfg.linger.total_seconds()
         for job_id, job in list(self._jobs.items()):
+            if job.announce_run and job.lingering_since is None:
+                job.announce_run = False
+                signals.append(self._run_signal(job))
             if job.pending:
                 signal = self._match_signal(job, now)
                 if signal is not None:
@@ -411,6 +444,7 @@ class LogWatcher:
                     signals.append(self._hang_signal(job, hang_after))
             elif now - job.lingering_since >= linger:
                 del self._jobs[job_id]
+                self._remember_end(job)
         self._update_stats(len(signals), sum(s.kind == "hang" for s in signals))
         return signals
 
@@ -555,6 +589,29 @@ class LogWatcher:
             evidence=evidence,
             progress=job.progress.summary,
             run=job.run,
+            log_from=job.log_from(),
+        )
+
+    def _remember_end(self, job: _Job) -> None:
+        self._ended[job.job_id] = (
+            job.run,
+            {path: tail.position() for path, tail in job.tails.items() if tail.exists},
+        )
+        while len(self._ended) > _MAX_ENDED:
+            self._ended.popitem(last=False)
+
+    def _run_signal(self, job: _Job) -> IncidentSignal:
+        """A later run of a requeued job began: where its output starts. Evidence-only
+        (the router keeps it for that run's incident, if one comes)."""
+        where = ", ".join(f"{p} @ {off}" for p, off in job.log_from().items())
+        return IncidentSignal(
+            source="log",
+            kind="run_started",
+            job_id=job.job_id,
+            at=datetime.now(UTC),
+            detail=f"run {job.run} of job {job.job_id} starts at {where or 'no file yet'}",
+            run=job.run,
+            log_from=job.log_from(),
         )
 
     def _hang_signal(self, job: _Job, hang_after: float) -> IncidentSignal:
@@ -593,6 +650,7 @@ class LogWatcher:
             evidence=evidence,
             progress=progress.summary,
             run=job.run,
+            log_from=job.log_from(),
         )
 
     def _update_stats(self, signals: int, hangs: int) -> None:

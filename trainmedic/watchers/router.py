@@ -13,7 +13,9 @@ signal-with-start on it, so all reports of one failure land in one RecoveryWorkf
   print warnings by the hundred while they run fine, so a matched line is evidence for
   an incident of the same run that Slurm, the epilog, a hang or a node agent opened,
   and is otherwise noted. Its progress marker is remembered and handed to the job's
-  next incident, so the restart budget can tell progress;
+  next incident, so the restart budget can tell progress, and so is `run_started` (where
+  a requeued job's new run begins in its log files), so attribution reads only the
+  failed run's lines;
 - node-only signals (a node down with no job on it) -> one NodeQuarantineWorkflow per
   node, `node-<cluster>-<node>`;
 - `node_drained_by_admin`, `job_requeued`, `job_held`, `job_cancelled`,
@@ -68,8 +70,9 @@ JobRunLookup = Callable[[str], int | None]
 NOTED_KINDS = frozenset(
     {"node_drained_by_admin", "job_requeued", "job_held", "job_cancelled", "node_not_responding"}
 )
-# A line in the job's own output: evidence for an incident, never the reason to open one.
-EVIDENCE_ONLY_KINDS = frozenset({"log_match"})
+# A line in the job's own output, or where a run's output starts: evidence for an
+# incident, never the reason to open one.
+EVIDENCE_ONLY_KINDS = frozenset({"log_match", "run_started"})
 # Signals that say a node itself failed: they count toward a storm.
 NODE_FAILURE_KINDS = frozenset({"node_down", "node_failed"})
 
@@ -123,6 +126,8 @@ class IncidentRouter:
         self.wall_clock = wall_clock
         self.open: dict[str, _Open] = {}  # job id -> its latest run's incident (window)
         self.progress: dict[str, str] = {}  # job id -> last progress marker reported
+        # job id -> (run, where that run's output starts in each log file)
+        self.log_from: dict[str, tuple[int | None, dict[str, int]]] = {}
         self.node_failures: dict[str, float] = {}  # node -> last failure seen
         self.storm: _Storm | None = None
         self.noted: deque[IncidentSignal] = deque(maxlen=1000)
@@ -223,6 +228,10 @@ class IncidentRouter:
             self.progress[job_id] = signal.progress
             if len(self.progress) > 20_000:  # bounded: drop the oldest job's marker
                 del self.progress[next(iter(self.progress))]
+        if signal.log_from and signal.run is not None:
+            self.log_from[job_id] = (signal.run, dict(signal.log_from))
+            if len(self.log_from) > 20_000:
+                del self.log_from[next(iter(self.log_from))]
         current = self.open.get(job_id)
         if current is not None and signal.run in (None, current.run):
             await self._to_incident(signal, current.incident_id, job_id)
@@ -248,6 +257,9 @@ class IncidentRouter:
         self.open[job_id] = _Open(incident_id, run, now)
         if signal.progress is None and job_id in self.progress:
             signal = signal.model_copy(update={"progress": self.progress[job_id]})
+        known = self.log_from.get(job_id)
+        if not signal.log_from and known is not None and known[0] == run:
+            signal = signal.model_copy(update={"log_from": known[1]})
         await self._to_incident(signal, incident_id, job_id)
 
     async def _to_incident(self, signal: IncidentSignal, incident_id: str, job_id: str) -> None:

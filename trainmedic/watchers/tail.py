@@ -87,6 +87,20 @@ class FileTail:
         self.last_reset: str | None = None
         self.exists = False
         self.refused: str | None = None  # why the path is not read (not a regular file)
+        # Where the current run's output begins (bytes): set when a requeued job's new
+        # run resumes after the old run's lines; 0 once the file is rewritten.
+        self.run_start = 0
+        self._resume: tuple[int, int, bytes] | None = None
+
+    def resume_at(self, offset: int, line_no: int, fingerprint: bytes) -> None:
+        """Start after what an earlier tail of this file read (a job's previous run):
+        at `offset`, if the file still holds the same bytes before it, else from 0."""
+        self._resume = (offset, line_no, fingerprint)
+        self.run_start = offset
+
+    def position(self) -> tuple[int, int, bytes]:
+        """(offset, line number, fingerprint): what `resume_at` takes."""
+        return self.offset, self.line_no, self.fingerprint
 
     # -- polling -----------------------------------------------------------------------
 
@@ -132,10 +146,19 @@ class FileTail:
 
     def _attach(self, st: os.stat_result) -> None:
         self.dev, self.ino = st.st_dev, st.st_ino
+        resume, self._resume = self._resume, None
+        if resume is not None and resume[0] <= st.st_size:
+            # The previous run's lines are already read; the fingerprint check in
+            # `_read` restarts from 0 if the file was truncated and rewritten meanwhile.
+            self.offset, self.line_no, self.fingerprint = resume
+            if st.st_size - self.offset <= self.catch_up_bytes:
+                return
+        self.run_start = 0 if resume is None or resume[0] > st.st_size else self.run_start
         if st.st_size > self.catch_up_bytes:
             # A big file already there (controller restarted under a long job): its
             # history is not news. Read only the recent end; line numbers are unknown.
             self.offset = st.st_size - self.catch_up_bytes
+            self.fingerprint = b""  # a jump, not a resumed position: nothing to compare
             self.line_known = False
             self.skip_to_newline = True
 
@@ -150,6 +173,7 @@ class FileTail:
         self.in_long = False
         self.skip_to_newline = False
         self.fingerprint = b""
+        self.run_start = 0
         self.resets += 1
         self.last_reset = why
 

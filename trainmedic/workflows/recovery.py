@@ -355,11 +355,15 @@ class RecoveryWorkflow:
                 node_states={n.name: n.state_text for n in gathered.nodes},
                 node_reasons={n.name: n.reason for n in gathered.nodes if n.reason},
             )
+        log_from: dict[str, int] = {}
+        for signal in self.signals:  # one run per incident: later reports refine
+            log_from.update(signal.log_from)
         return AttributionRequest(
             job_id=request.job_id,
             nodelist=nodelist,
             tasks_per_node=job.tasks_per_node if job else None,
             log_paths=gathered.log_paths,
+            log_from={p: at for p, at in log_from.items() if p in gathered.log_paths},
             evidence=[e for s in self.signals for e in s.evidence],
             slurm=observation,
         )
