@@ -182,3 +182,48 @@ async def test_fault_is_detected_attributed_and_recovered(
             assert "DRAIN" in state or "DOWN" in state, state
     else:
         assert job(clean_lab, job_id)["JobState"] in {"FAILED", "CANCELLED", "OUT_OF_MEMORY"}
+
+
+async def test_an_appending_job_gets_a_diagnosis_per_run(
+    clean_lab: Lab, temporal_client: Client, detection: Detection
+) -> None:
+    """Issue 8.5: with --open-mode=append run 1's ECC error stays in the log; run 2's
+    node death must be diagnosed from run 2's lines (and Slurm), not from run 1's."""
+    reset_nodes(clean_lab)
+    name = f"a{uuid.uuid4().hex[:6]}"
+    job_id = submit_training(
+        clean_lab,
+        TrainingSpec(
+            nodes=2, steps=5000, step_seconds=0.25, ckpt_every=8, name=name, append_log=True
+        ),
+    )
+    placed = await asyncio.to_thread(wait_for, lambda: running_on(clean_lab, job_id), "training")
+    ckpt = checkpoint_dir(clean_lab, name)
+    await asyncio.to_thread(
+        wait_for, lambda: ckpt.is_dir() and any(ckpt.iterdir()), "a first checkpoint"
+    )
+    await asyncio.to_thread(inject, clean_lab, "ecc", placed[1], job_id)
+    first = await incident_of(detection, temporal_client, job_id, "append-ecc")
+    assert first.diagnosis is not None
+    assert first.diagnosis.category is Category.GPU_MEMORY_ECC, first.diagnosis
+    assert first.outcome is Outcome.RECOVERED, first.summary
+
+    def second_run() -> list[str] | None:
+        on = running_on(clean_lab, job_id)
+        return on if on and resumed_from_checkpoint(clean_lab, job_id) else None
+
+    now_on = await asyncio.to_thread(wait_for, second_run, "run 2 resumed")
+    dead = now_on[1]
+    await asyncio.to_thread(inject, clean_lab, "node-death", dead, job_id)
+    second_id = f"incident-{CLUSTER}-{job_id}-2"
+    await asyncio.to_thread(
+        wait_for, lambda: second_id in detection.router.started or None, "run 2's incident", 120
+    )
+    handle = temporal_client.get_workflow_handle_for(RecoveryWorkflow.run, second_id)
+    second = await asyncio.wait_for(handle.result(), 180)
+    assert second.diagnosis is not None
+    assert second.diagnosis.category is Category.NODE_DOWN, second.diagnosis
+    assert second.diagnosis.culprit_nodes == [dead]
+    assert not any("ecc" in rule.lower() for rule in second.diagnosis.rule_ids)
+    # Run 1's error is still in the file: only the scoping kept it out.
+    assert "uncorrectable" in job_output(clean_lab, job_id).read_text().lower()

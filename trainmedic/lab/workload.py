@@ -41,6 +41,9 @@ class TrainingSpec(BaseModel):
     # (a real one waits 10 min); 0 = twice the step time, at least 1 s.
     cascade_seconds: float = Field(0.0, ge=0.0)
     nodelist: list[str] = Field(default_factory=list)  # pin to these nodes (sbatch -w)
+    # --open-mode=append: a requeued run adds to the log instead of truncating it, so
+    # the earlier runs' errors stay in the file (as many sites configure it).
+    append_log: bool = False
 
 
 class Injection(BaseModel):
@@ -162,6 +165,8 @@ def submit_training(lab: Lab, spec: TrainingSpec | None = None) -> str:
     ]
     if spec.nodelist:
         argv += ["--nodelist", ",".join(spec.nodelist)]
+    if spec.append_log:
+        argv.append("--open-mode=append")
     argv.append(str(script))
     out = lab.run_client(argv).stdout.strip()
     job_id = out.split(";", 1)[0]
