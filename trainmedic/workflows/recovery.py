@@ -421,18 +421,9 @@ class RecoveryWorkflow:
         incident_id = workflow.info().workflow_id
         grant: IsolationGrant | RestartGrant
         if effect.kind is EffectKind.DRAIN_NODE and effect.node:
-            partition = effect.partition or "default"
             grant = await workflow.execute_activity(
                 "reserve_isolation",
-                ReserveIsolation(
-                    cluster=cluster,
-                    request=IsolationRequest(
-                        incident_id=incident_id,
-                        node=effect.node,
-                        partition=partition,
-                        partition_size=gathered.partition_sizes.get(partition, 0),
-                    ),
-                ),
+                self._isolation(effect, effect.node, cluster, gathered),
                 result_type=IsolationGrant,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=READ_RETRY,
@@ -473,21 +464,26 @@ class RecoveryWorkflow:
             return
         if effect.status not in (EffectStatus.APPLIED, EffectStatus.ALREADY_TRUE):
             return
-        partition = effect.partition or "default"
         await workflow.execute_activity(
             "confirm_isolation",
-            ReserveIsolation(
-                cluster=cluster,
-                request=IsolationRequest(
-                    incident_id=workflow.info().workflow_id,
-                    node=effect.node,
-                    partition=partition,
-                    partition_size=gathered.partition_sizes.get(partition, 0),
-                ),
-            ),
+            self._isolation(effect, effect.node, cluster, gathered),
             result_type=bool,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=READ_RETRY,
+        )
+
+    def _isolation(
+        self, effect: PlannedEffect, node: str, cluster: str, gathered: Gathered
+    ) -> ReserveIsolation:
+        partition = effect.partition or "default"
+        return ReserveIsolation(
+            cluster=cluster,
+            request=IsolationRequest(
+                incident_id=workflow.info().workflow_id,
+                node=node,
+                partition=partition,
+                partition_size=gathered.partition_sizes.get(partition, 0),
+            ),
         )
 
     def _progress(self) -> str | None:
