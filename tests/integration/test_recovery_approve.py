@@ -168,9 +168,18 @@ def _worker_process(
     )
 
 
-async def test_worker_killed_between_drain_and_requeue(
-    clean_lab: Lab, temporal_server: DevServer, temporal_client: Client, tmp_path: Path
+@pytest.mark.parametrize(
+    "boundary", ["before the drain", "between drain and requeue", "while verifying"]
+)
+async def test_worker_killed_at_each_stage_boundary(
+    clean_lab: Lab,
+    temporal_server: DevServer,
+    temporal_client: Client,
+    tmp_path: Path,
+    boundary: str,
 ) -> None:
+    """SIGKILL of the controller's worker where an incident waits or works between its
+    effects: the new worker goes on from the history, no effect repeated or skipped."""
     cluster = unique_cluster("crash")
     queue = f"crash-{cluster}"
     policy = tmp_path / "policy.yaml"
@@ -179,6 +188,12 @@ async def test_worker_killed_between_drain_and_requeue(
     culprit = placed[0]
 
     worker = _worker_process(temporal_server, clean_lab, cluster, queue, policy)
+
+    def crash() -> subprocess.Popen[bytes]:
+        worker.kill()  # SIGKILL: no goodbye
+        worker.wait(timeout=30)
+        return _worker_process(temporal_server, clean_lab, cluster, queue, policy)
+
     try:
         from trainmedic.domain.incident import IncidentInput
 
@@ -191,21 +206,27 @@ async def test_worker_killed_between_drain_and_requeue(
         )
         handle = temporal_client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
         await awaiting(handle, f"drain-{culprit}")
+        if boundary == "before the drain":
+            worker = crash()
         await handle.execute_update(
             RecoveryWorkflow.decide,
             DecisionPayload(action=f"drain-{culprit}", by="ops", decision="approve"),
         )
         await awaiting(handle, f"requeue-{job_id}")
         assert "DRAIN" in node(clean_lab, culprit)["State"]
-
-        worker.kill()  # SIGKILL: no goodbye, between the drain and the requeue
-        worker.wait(timeout=30)
-        worker = _worker_process(temporal_server, clean_lab, cluster, queue, policy)
-
+        if boundary == "between drain and requeue":
+            worker = crash()
         await handle.execute_update(
             RecoveryWorkflow.decide,
             DecisionPayload(action=f"requeue-{job_id}", by="ops", decision="approve"),
         )
+        if boundary == "while verifying":
+            for _ in range(300):
+                status = await handle.query(RecoveryWorkflow.status)
+                if status.stage.value == "verify":
+                    break
+                await asyncio.sleep(0.05)
+            worker = crash()  # verify heartbeats: a new attempt starts within 30 s
         result = await result_of(temporal_client, incident)
     finally:
         worker.terminate()
