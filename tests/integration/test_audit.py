@@ -106,9 +106,10 @@ async def test_approved_incident_is_fully_audited(
     )
     assert code == 2
     assert "unknown action 'nope'" in err and f"drain-{culprit}" in err
+    # A blank name is refused by the CLI itself now, before anything reaches Temporal.
     code, _, err = await cli(incidents_cli.app, ["reject", incident, "--by", "  ", *address])
     assert code == 2
-    assert "say who decides" in err
+    assert "--by" in err and "audit trail" in err
     code, out, _ = await cli(incidents_cli.app, ["show", incident, *address])
     assert code == 0
     assert "awaiting_approval" in out and f"drain-{culprit}" in out

@@ -121,6 +121,7 @@ async def test_a_later_run_is_a_new_incident_however_soon() -> None:
         "incident-lab-42-1",
         "incident-lab-42-1",
         "incident-lab-42-2",
+        "incident-lab-42-2",  # run 1's earlier warning, as evidence for its incident
         "incident-lab-42-3",
     ]
     assert r.rejected == []
@@ -137,10 +138,13 @@ async def test_a_matched_line_in_a_running_job_opens_nothing() -> None:
         await r.submit(warning)
     assert client.calls == []
     assert len(r.noted) == 100
-    # When the run does fail, its incident carries the last progress the log showed.
+    # When the run does fail, its incident carries the last progress the log showed,
+    # and the lines read before Slurm saw the end (the last few) as evidence.
     await r.submit(sig("job_failed", "42", run=0))
-    assert client.ids() == ["incident-lab-42-1"]
     assert client.calls[0].kwargs["start_signal_args"][0].progress == "step 120"
+    kinds = [c.kwargs["start_signal_args"][0].kind for c in client.calls]
+    assert kinds == ["job_failed"] + ["log_match"] * 8
+    assert set(client.ids()) == {"incident-lab-42-1"}
 
 
 async def test_late_duplicate_of_a_closed_incident_opens_nothing() -> None:
@@ -277,6 +281,6 @@ async def test_where_a_run_begins_reaches_that_runs_incident_only() -> None:
     assert client.calls == []
     await r.submit(sig("job_failed", "9", run=1))
     await r.submit(sig("job_failed", "9", run=2))
-    first, second = (c.kwargs["start_signal_args"][0] for c in client.calls)
-    assert first.log_from == {"/jobs/9.out": 4096}
-    assert second.log_from == {}
+    opened = {c.id: c.kwargs["start_signal_args"][0] for c in client.calls}
+    assert opened["incident-lab-9-2"].log_from == {"/jobs/9.out": 4096}
+    assert opened["incident-lab-9-3"].log_from == {}

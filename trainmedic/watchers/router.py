@@ -73,6 +73,7 @@ NOTED_KINDS = frozenset(
 # A line in the job's own output, or where a run's output starts: evidence for an
 # incident, never the reason to open one.
 EVIDENCE_ONLY_KINDS = frozenset({"log_match", "run_started"})
+_WAITING_PER_JOB = 8  # evidence-only reports kept per job until its incident opens
 # Signals that say a node itself failed: they count toward a storm.
 NODE_FAILURE_KINDS = frozenset({"node_down", "node_failed"})
 
@@ -128,6 +129,10 @@ class IncidentRouter:
         self.progress: dict[str, str] = {}  # job id -> last progress marker reported
         # job id -> (run, where that run's output starts in each log file)
         self.log_from: dict[str, tuple[int | None, dict[str, int]]] = {}
+        # job id -> the last evidence-only reports with no incident yet: a failing job's
+        # traceback is usually read before Slurm's poll sees it end; its incident gets
+        # them when it opens (same run only).
+        self.waiting: dict[str, deque[IncidentSignal]] = {}
         self.node_failures: dict[str, float] = {}  # node -> last failure seen
         self.storm: _Storm | None = None
         self.noted: deque[IncidentSignal] = deque(maxlen=1000)
@@ -238,6 +243,9 @@ class IncidentRouter:
             return
         if signal.kind in EVIDENCE_ONLY_KINDS:
             self.noted.append(signal)
+            self.waiting.setdefault(job_id, deque(maxlen=_WAITING_PER_JOB)).append(signal)
+            if len(self.waiting) > 20_000:
+                del self.waiting[next(iter(self.waiting))]
             logger.info(
                 "router: noted %s in job %s's output (no failure reported for run %s): %s",
                 signal.kind,
@@ -261,6 +269,9 @@ class IncidentRouter:
         if not signal.log_from and known is not None and known[0] == run:
             signal = signal.model_copy(update={"log_from": known[1]})
         await self._to_incident(signal, incident_id, job_id)
+        for earlier in self.waiting.pop(job_id, ()):
+            if earlier.run in (None, run):
+                await self._to_incident(earlier, incident_id, job_id)
 
     async def _to_incident(self, signal: IncidentSignal, incident_id: str, job_id: str) -> None:
         await self._signal_with_start(
