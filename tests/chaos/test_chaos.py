@@ -356,3 +356,21 @@ async def test_a_fifo_and_dev_zero_as_job_output_do_not_stop_the_controller(
     assert failing_result.outcome in {Outcome.STOPPED, Outcome.ESCALATED}, failing_result.summary
     assert zero_result.diagnosis is not None
     assert "not a regular file" in zero_result.diagnosis.summary, zero_result.diagnosis.summary
+
+
+async def test_a_job_pinned_to_the_failing_node_is_left_for_a_person(
+    lab: Lab, temporal_client: Client, controller: Worker, controller_settings: Settings
+) -> None:
+    """`sbatch -w gpu02` and gpu02's GPU falls off the bus: the node is drained, but a
+    restart excluding it could never start, so the job is not requeued to pend for ever."""
+    ctld = SlurmctldLog(lab)
+    async with controller_for(lab, temporal_client, controller_settings) as detection:
+        job_id = submit(lab, 1, "-w", "gpu02")
+        await running(lab, job_id, detection)
+        xid79_on(lab, "gpu02")
+        [incident] = await wait_incidents(detection, job_id, 1)
+        outcome = await result(temporal_client, incident)
+    assert outcome.outcome is Outcome.ESCALATED, outcome.summary
+    assert "must run on gpu02 (--nodelist)" in outcome.summary
+    assert ctld.drains("gpu02") == 1
+    assert ctld.requeues(job_id) == 0

@@ -179,3 +179,17 @@ def test_drain_reasons_carry_no_control_characters() -> None:
     forged.summary = "Xid 79\x1b[31m\r\nreason=evil\x00 \u2603 ok"
     reason = slurm_reason("inc-1", forged)
     assert reason == "trainmedic inc-1: gpu_hardware: Xid 79 [31m reason=evil ok"
+
+
+def test_a_job_pinned_to_the_culprit_is_not_requeued_to_pend_for_ever() -> None:
+    """Found by the chaos suite: `sbatch -w gpu02` excluding gpu02 never starts."""
+    policy = parse_policy("mode: {default: auto}")
+    pinned = JOB.model_copy(update={"required_nodes": ["gpu02"]})
+    effects = plan_effects(
+        "i", diagnosis(Action.DRAIN_AND_RESTART, ["gpu02"]), pinned, NODES, policy, Mode.AUTO
+    )
+    assert [(e.kind, e.status) for e in effects] == [
+        (EffectKind.DRAIN_NODE, EffectStatus.PLANNED),
+        (EffectKind.REQUEUE_EXCLUDING, EffectStatus.SKIPPED),
+    ]
+    assert "must run on gpu02 (--nodelist)" in effects[1].note

@@ -438,3 +438,13 @@ async def test_bad_node_names_are_refused() -> None:
     with pytest.raises(SlurmInvalidArgument):
         await SlurmCli(runner).get_node("-gpu01")
     assert runner.calls == []
+
+
+def test_required_nodes_from_both_shapes() -> None:
+    """ReqNodeList (sbatch -w): planning must not exclude a node the job requires."""
+    record = parse_scontrol_records(
+        job_line("1").replace("ReqNodeList=(null)", "ReqNodeList=gpu[02-03]")
+    )[0]
+    assert job_from_scontrol(record).required_nodes == ["gpu02", "gpu03"]
+    unpinned = parse_scontrol_records(job_line("1"))[0]
+    assert job_from_scontrol(unpinned).required_nodes == []

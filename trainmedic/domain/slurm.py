@@ -105,6 +105,9 @@ class SlurmJob(BaseModel):
     tasks: int | None = None
     tasks_per_node: int | None = None
     excluded_nodes: list[str] = Field(default_factory=list)
+    # ReqNodeList (sbatch -w/--nodelist): nodes the job must run on. Excluding one of
+    # them would leave the job pending forever (BadConstraints).
+    required_nodes: list[str] = Field(default_factory=list)
     comment: str = ""
     stdout_path: str | None = None
     stderr_path: str | None = None

@@ -171,19 +171,32 @@ def plan_effects(
         return effects
     note = "; ".join(notes)
     if action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING) and culprits:
-        effects.append(
-            PlannedEffect(
-                id=f"requeue-{job.job_id}",
-                kind=EffectKind.REQUEUE_EXCLUDING,
-                job_id=job.job_id,
-                exclude=sorted(set(culprits) | set(job.excluded_nodes)),
-                partition=partition,
-                seen_restarts=job.restarts,
-                reason=reason,
-                mode=mode(),
-                note=note,
-            )
+        requeue = PlannedEffect(
+            id=f"requeue-{job.job_id}",
+            kind=EffectKind.REQUEUE_EXCLUDING,
+            job_id=job.job_id,
+            exclude=sorted(set(culprits) | set(job.excluded_nodes)),
+            partition=partition,
+            seen_restarts=job.restarts,
+            reason=reason,
+            mode=mode(),
+            note=note,
         )
+        pinned = sorted(set(culprits) & set(job.required_nodes))
+        if pinned:
+            # Slurm would keep it PENDING (BadConstraints) for ever: a person decides
+            # whether to change the job's node list or wait for the node.
+            requeue.status = EffectStatus.SKIPPED
+            requeue.note = "; ".join(
+                n
+                for n in (
+                    note,
+                    f"job {job.job_id} must run on {', '.join(pinned)} (--nodelist): a "
+                    "restart excluding it could never start; left for a person",
+                )
+                if n
+            )
+        effects.append(requeue)
     elif action in (Action.RESTART, Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING):
         effects.append(
             PlannedEffect(
