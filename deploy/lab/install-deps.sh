@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the Slurm lab needs, when they are missing.
+# Installs the Debian packages the Slurm lab and the tests need, when they are missing.
 # As root it installs them; otherwise it says what to run. It never starts the
-# distribution's own slurm/munge services: the lab runs its own daemons.
+# distribution's own services (slurm, munge, sshd): the lab and the tests run their own.
 set -euo pipefail
 
-packages=(slurmctld slurmd slurm-client munge)
-binaries=(slurmctld slurmd sinfo scontrol sbatch munged)
+# binary:package - the Slurm lab, the SSH-mode tests' own sshd on loopback, and
+# systemd-analyze for verifying the units in deploy/systemd.
+needs=(
+  slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client scontrol:slurm-client
+  sbatch:slurm-client munged:munge
+  sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client
+  systemd-analyze:systemd
+)
 
 missing=()
-for b in "${binaries[@]}"; do
-  command -v "$b" >/dev/null 2>&1 || [ -x "/usr/sbin/$b" ] || missing+=("$b")
+packages=()
+for need in "${needs[@]}"; do
+  b=${need%%:*} p=${need#*:}
+  if ! command -v "$b" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$b" ]; then
+    missing+=("$b")
+    [[ " ${packages[*]} " == *" $p "* ]] || packages+=("$p")
+  fi
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
-echo "Slurm lab: missing ${missing[*]}; Debian packages needed: ${packages[*]}"
+echo "trainmedic: missing ${missing[*]}; Debian packages needed: ${packages[*]}"
 if [ "$(id -u)" != "0" ]; then
   echo "Run as root: apt-get update && apt-get install -y ${packages[*]}" >&2
   exit 0  # the lab's own commands fail later with the same advice
@@ -30,4 +41,4 @@ trap '[ "$created_policy" = 1 ] && rm -f "$policy"' EXIT
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
-echo "Slurm lab: installed ${packages[*]}"
+echo "trainmedic: installed ${packages[*]}"
