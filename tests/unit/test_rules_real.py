@@ -374,3 +374,108 @@ def test_every_rule_has_a_short_operator_title() -> None:
     for rule in ENGINE.catalog.rules:
         assert 3 <= len(rule.title) <= 80, rule.id
         assert "\n" not in rule.title and not rule.title.endswith("."), rule.id
+
+
+def test_stop_says_on_which_node_it_happened(tmp_path: Path) -> None:
+    # A stop touches no node, but the owner reads where it failed (tune/b-092).
+    diagnosis = _diagnose(
+        tmp_path,
+        "gpu-q-13: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "896.00 MiB (GPU 2; 79.17 GiB total capacity; 76.68 GiB already allocated; "
+        "381.31 MiB free; 77.24 GiB reserved in total by PyTorch)",
+        nodelist=["gpu-q-13", "gpu-q-14"],
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.STOP)
+    assert diagnosis.culprit_nodes == ["gpu-q-13"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # tune/c-057: a peer agent left, the agent retries its workers itself
+        "I0213 12:07:20.086000 870572 torch/distributed/elastic/agent/server/api.py:889] "
+        "[default] Worker group FAILED. 3/3 attempts left; will restart worker group\n"
+        "I0213 12:07:20.086000 870572 torch/distributed/elastic/agent/server/api.py:699] "
+        "[default] Stopping worker group",
+        # tune/c-058: re-joining after an elastic scale-down
+        "    raise RendezvousClosedError()\n"
+        "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
+    ],
+)
+def test_torchelastic_restarting_its_workers_is_a_restart(tmp_path: Path, text: str) -> None:
+    diagnosis = _diagnose(tmp_path, text)
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.RESTART)
+    assert diagnosis.transient is True
+
+
+def test_torchelastic_restart_yields_to_a_real_error(tmp_path: Path) -> None:
+    diagnosis = _diagnose(
+        tmp_path,
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) "
+        "local_rank: 3 (pid: 812917) of binary: /usr/bin/python\n"
+        "[default] Worker group FAILED. 3/3 attempts left; will restart worker group",
+    )
+    assert diagnosis.category is Category.OOM_HOST and diagnosis.action is Action.ESCALATE
+
+
+def test_ray_train_worker_index_is_the_rank(tmp_path: Path) -> None:
+    diagnosis = _diagnose(
+        tmp_path,
+        (Path(__file__).parents[1] / "corpus" / "real" / "tune" / "b-087.log").read_text(),
+    )
+    assert diagnosis.action is Action.ESCALATE
+    assert diagnosis.culprit_nodes == ["10.0.7.57"] and diagnosis.culprit_ranks == [0]
+
+
+def test_rank_named_after_the_error_is_borrowed_by_the_cause(tmp_path: Path) -> None:
+    # tune/b-084: the kernel assertion comes first, far from the rank; the RuntimeError
+    # of the same cause sits next to "destroyed on rank 0".
+    assertion = (
+        "/pytorch/aten/src/ATen/native/cuda/ScatterGatherKernel.cu:276: operator(): "
+        "block: [0,0,0], thread: [26,0,0] Assertion `idx_dim >= 0 && idx_dim < index_size "
+        '&& "index out of bounds"` failed.\n'
+    )
+    diagnosis = _diagnose(
+        tmp_path,
+        assertion
+        + '  File "train.py", line 821, in <module>\n' * 10
+        + "RuntimeError: CUDA error: device-side assert triggered\n"
+        "terminate called after throwing an instance of 'c10::Error'\n"
+        "  what():  NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:181, "
+        "unhandled cuda error, NCCL version 21.0.3\n"
+        "Process Group destroyed on rank 0\n",
+    )
+    assert diagnosis.category is Category.USER_CODE and diagnosis.culprit_ranks == [0]
+
+
+def test_workers_aborted_with_no_error_of_their_own_restart_as_a_watchdog(
+    tmp_path: Path,
+) -> None:
+    # tune/a-067: every local rank dead of SIGABRT, nothing else: PyTorch's NCCL watchdog
+    # takes processes down with abort().
+    diagnosis = _diagnose(
+        tmp_path,
+        "  exitcode  : -6 (pid: 3437)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 3437\n"
+        "-----------------------------------------------------\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "  time      : 2025-05-01_11:12:35\n"
+        "  host      : 472a4389fceb\n"
+        "  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : -6 (pid: 3431)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 3431\n",
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
+    assert diagnosis.culprit_ranks == [0]
+
+
+def test_sigabrt_after_a_real_error_is_that_error(tmp_path: Path) -> None:
+    diagnosis = _diagnose(
+        tmp_path,
+        "RuntimeError: CUDA error: device-side assert triggered\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 3431\n",
+    )
+    assert diagnosis.category is Category.USER_CODE

@@ -54,6 +54,7 @@ _SOURCE_ORDER = {
 }
 _DOWN_STATES = ("DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL")
 _ISOLATING = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
+_SAYS_WHERE = (Action.ESCALATE, Action.STOP)  # name the node, with no effect on it
 _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes
 _ELASTIC_BLOCK_LINES = 12
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
@@ -361,12 +362,13 @@ class Attributor:
                 confidence -= 0.15
                 if action is Action.RESTART_EXCLUDING:
                     action = Action.RESTART  # excluding nobody is a plain restart
-        elif action is Action.ESCALATE:
-            # A person looks: say where it happened. Only an escalation names a node that is
-            # not at fault (a restart is verified away from its culprits, a stop is about
-            # the job), and only a node the text writes down, never one inferred from a rank.
+        elif action in _SAYS_WHERE:
+            # A person looks, or the owner reads why the job stopped: say where it
+            # happened. Only these name a node that is not at fault (a restart is verified
+            # away from its culprits), and only a node the text writes down, never one
+            # inferred from a rank; neither drains nor excludes anything.
             nodes = _where(same, col)
-        if nodes and action not in _ISOLATING and action is not Action.ESCALATE:
+        if nodes and action not in _ISOLATING and action not in _SAYS_WHERE:
             nodes = []
         # Several independent root categories on different nodes: less sure.
         categories = {f.rule.category for f in roots if f.rule.precedence >= 50}
@@ -374,8 +376,13 @@ class Attributor:
             confidence -= 0.05
         if not ranks and col.elastic() and not rule.blames_node:
             ranks = col.elastic()
-        if not ranks and (borrowed := _neighbour_rank(primary, col.all())) is not None:
-            ranks = [borrowed]
+        if not ranks:
+            # Any line of the winning cause may sit next to the rank's prefix (a kernel's
+            # assertion lines come first, the RuntimeError near "destroyed on rank 0").
+            for f in [primary, *same]:
+                if (borrowed := _neighbour_rank(f, col.all())) is not None:
+                    ranks = [borrowed]
+                    break
         evidence = self._pick_evidence(same, others)
         summary = rule.title
         if notes:
