@@ -13,6 +13,7 @@ from trainmedic.cli import attribute as attribute_cli
 from trainmedic.cli import audit as audit_cli
 from trainmedic.cli import config as config_cli
 from trainmedic.cli import demo as demo_cli
+from trainmedic.cli import deploy as deploy_cli
 from trainmedic.cli import incidents as incidents_cli
 from trainmedic.cli import lab as lab_cli
 from trainmedic.cli import report as report_cli
@@ -32,6 +33,7 @@ app.add_typer(lab_cli.app, name="lab")
 app.add_typer(config_cli.app, name="config")
 app.add_typer(incidents_cli.app, name="incidents")
 app.add_typer(audit_cli.app, name="audit")
+app.add_typer(deploy_cli.app, name="deploy")
 attribute_cli.register(app)
 up_cli.register(app)
 demo_cli.register(app)
