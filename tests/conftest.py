@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.fixtures.temporal",
     "tests.fixtures.lab",
     "tests.fixtures.controller",
+    "tests.fixtures.ssh",
 ]
 
 

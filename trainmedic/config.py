@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     ssh_user: str | None = None
     ssh_port: int = Field(22, ge=1, le=65535)
     ssh_key: Path | None = None
+    # Required in ssh mode: the server's host key is checked against this file and never
+    # accepted on first use.
+    ssh_known_hosts: Path | None = Field(None, description="known_hosts file for ssh_host.")
 
     # Spools (epilog reports, node-agent reports): extra accepted owners besides root and
     # the controller's own user, and the site key that node agents sign reports with.
@@ -167,6 +170,11 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.slurm_access == "ssh" and not self.ssh_host:
             raise ValueError("slurm_access=ssh needs TRAINMEDIC_SSH_HOST")
+        if self.slurm_access == "ssh" and self.ssh_known_hosts is None:
+            raise ValueError(
+                "slurm_access=ssh needs TRAINMEDIC_SSH_KNOWN_HOSTS (a known_hosts file with "
+                "the host's key: host keys are never accepted automatically)"
+            )
         if bool(self.temporal_tls_cert) != bool(self.temporal_tls_key):
             raise ValueError("set both TRAINMEDIC_TEMPORAL_TLS_CERT and _KEY, or neither")
         secured = [

@@ -461,12 +461,15 @@ def build_slurm_detection(
     return SlurmDetection(router=router, watcher=watcher, spool=spool, held=held)
 
 
-def local_runner(settings: Settings) -> CommandRunner | None:
-    """Slurm's commands on this host, pointed at the configured slurm.conf (the runner
-    under both the controller's SlurmBackend and the watcher's JSON fast path); None
-    where Slurm is reached another way."""
-    if settings.slurm_access != "local":
-        return None
+def local_runner(settings: Settings) -> CommandRunner:
+    """The runner of Slurm's commands, pointed at the configured slurm.conf: local
+    subprocesses, or in ssh mode this process's one `SshRunner` (the runner under both
+    the controller's SlurmBackend and the watcher's JSON fast path, so they share one
+    verified connection)."""
+    if settings.slurm_access == "ssh":
+        from trainmedic.adapters.slurm.ssh import ssh_runner
+
+        return ssh_runner(settings)
     env = {"SLURM_CONF": str(settings.slurm_conf)} if settings.slurm_conf else {}
     return LocalRunner(env=env, bin_dir=settings.slurm_bin_dir)
 

@@ -38,10 +38,9 @@ WORKFLOWS: Sequence[type] = (RecoveryWorkflow, ControlWorkflow, NodeQuarantineWo
 
 
 def slurm_backend(settings: Settings) -> SlurmBackend:
-    runner = local_runner(settings)
-    if runner is None:
-        raise NotImplementedError("ssh access to Slurm is not built yet; use slurm_access=local")
-    return SlurmCli(runner, timeout=settings.slurm_command_timeout.total_seconds())
+    """Slurm's commands on this host, or over SSH: the runner is the one the watchers'
+    JSON polls use (in ssh mode, the same connection)."""
+    return SlurmCli(local_runner(settings), timeout=settings.slurm_command_timeout.total_seconds())
 
 
 def default_attributor() -> Attributor:

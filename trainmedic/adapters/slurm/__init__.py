@@ -1,4 +1,5 @@
-"""Slurm adapters: the `SlurmBackend` protocol and its command-line implementation."""
+"""Slurm adapters: the `SlurmBackend` protocol and its command-line implementation, run
+locally or over SSH."""
 
 from trainmedic.adapters.slurm.cli import SlurmCli
 from trainmedic.adapters.slurm.errors import (
@@ -16,6 +17,12 @@ from trainmedic.adapters.slurm.errors import (
 )
 from trainmedic.adapters.slurm.protocol import CommandRunner, CompletedCommand, SlurmBackend
 from trainmedic.adapters.slurm.runner import LocalRunner
+from trainmedic.adapters.slurm.ssh import (
+    SshAuthFailed,
+    SshHostKeyRejected,
+    SshRunner,
+    SshUnavailable,
+)
 
 __all__ = [
     "CommandRunner",
@@ -34,4 +41,8 @@ __all__ = [
     "SlurmParseError",
     "SlurmTimeout",
     "SlurmUnavailable",
+    "SshAuthFailed",
+    "SshHostKeyRejected",
+    "SshRunner",
+    "SshUnavailable",
 ]

@@ -1,5 +1,8 @@
-"""The command-line Slurm adapter against the real lab (Slurm 22.05): reads, every effect,
-idempotence, and typed errors for unknown jobs and nodes."""
+"""The Slurm backend contract's cases against the real lab (Slurm 22.05): reads, every
+effect, idempotence, and typed errors for unknown jobs and nodes.
+
+Not collected on its own: test_slurm_backend_contract.py runs each case once per backend
+(local commands, SSH) through its `slurm` fixture."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import pytest
 
 from trainmedic.adapters.slurm import (
     JobStateConflict,
-    LocalRunner,
     NoSuchJob,
     NoSuchNode,
     SlurmCli,
@@ -35,11 +37,6 @@ async def wait_for(probe: Callable[[], Awaitable[T | None]], what: str, timeout:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
         await asyncio.sleep(0.5)
-
-
-@pytest.fixture
-def slurm(clean_lab: Lab) -> SlurmCli:
-    return SlurmCli(LocalRunner(env=clean_lab.env_overrides()), timeout=30)
 
 
 def submit(lab: Lab, *args: str, script: str = "sleep 600") -> str:
