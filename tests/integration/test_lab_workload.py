@@ -11,7 +11,13 @@ import pytest
 
 from tests.integration.support import job, wait_for
 from trainmedic.catalog import Attributor
-from trainmedic.domain import AttributionRequest, Evidence, EvidenceSource, SlurmObservation
+from trainmedic.domain import (
+    Action,
+    AttributionRequest,
+    Evidence,
+    EvidenceSource,
+    SlurmObservation,
+)
 from trainmedic.domain.hostlist import expand
 from trainmedic.lab import Lab
 from trainmedic.lab.faults import EXPECTED_CATEGORY, Fault
@@ -174,7 +180,10 @@ def test_fault_fails_the_job_like_the_real_thing(
     if fault in {Fault.XID79, Fault.ECC}:
         assert diagnosis.culprit_nodes == [culprit]
     else:
-        assert diagnosis.culprit_nodes == []  # not the node's fault: nothing to drain
+        # Not the node's fault: nothing drained or excluded. A stop may still say where
+        # it happened (the node of the error line), and only that node.
+        assert diagnosis.action not in {Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING}
+        assert set(diagnosis.culprit_nodes) <= {culprit}
     if fault not in {Fault.XID79, Fault.ECC, Fault.HOST_OOM}:
         assert diagnosis.culprit_ranks == [1]
 
