@@ -33,7 +33,7 @@ from tests.chaos.support import (
 from tests.integration.support import async_wait_for, job, node, running_on, submit
 from trainmedic.config import Settings
 from trainmedic.domain import Outcome
-from trainmedic.domain.incident import EffectStatus, IncidentSignal
+from trainmedic.domain.incident import EffectKind, EffectStatus, IncidentSignal
 from trainmedic.lab import Lab
 from trainmedic.lab.workload import lab_nodes
 from trainmedic.watchers.spoolfile import write_spool_file
@@ -93,6 +93,14 @@ async def test_three_jobs_on_one_node_that_fails(
         state = await control_state(temporal_client, detection)
     assert [r.outcome for r in results] == [Outcome.RECOVERED] * 3, [r.summary for r in results]
     assert ctld.drains("gpu02") == 1
+    drains = [e for r in results for e in r.effects if e.kind is EffectKind.DRAIN_NODE]
+    # One incident drains; the others find it out (at planning) or reserved (a race).
+    assert [e.status for e in drains].count(EffectStatus.APPLIED) == 1, drains
+    assert all(
+        e.status is EffectStatus.ALREADY_TRUE
+        for e in drains
+        if e.status is not EffectStatus.APPLIED
+    ), drains
     assert sum(ctld.requeues(j) for j in jobs) == 3
     assert [i.node for i in state.isolations] == ["gpu02"]
     assert state.breaker_tripped_at is None, state.breaker_reason

@@ -86,7 +86,10 @@ def test_the_ledger_counts_distinct_nodes_held_out_now() -> None:
     third = grant_isolation(s, held("i3", "gpu05", ["gpu05"]), later)
     assert first.granted and first.isolated_in_window == 1  # gpu01 released by the resume
     assert second.granted and "already held out (reserved by i1)" in second.reason
-    assert third.granted
+    assert second.held_by == "i1", "the second incident must not drain it again"
+    assert third.granted and third.held_by == "i1"
+    assert first.held_by is None
+    assert grant_isolation(s, held("i1", "gpu05", ["gpu05"]), later).held_by is None, "a retry"
     assert [i.node for i in s.isolations] == ["gpu05"]
     assert len(s.drains) == 2  # the drain rate counts drains, not incidents
     # Budget 3 of 12: two more distinct nodes fit, the third trips the breaker.

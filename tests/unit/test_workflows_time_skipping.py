@@ -57,6 +57,7 @@ class Behaviour:
     isolation_granted: bool = True
     failing_effect: str | None = None  # this effect id fails for good
     runs_again: bool = True
+    held_by: str | None = None  # another incident reserved the culprit first
 
 
 world = Behaviour()
@@ -90,6 +91,9 @@ def make_activities(policy: Policy) -> list[object]:
             return IsolationGrant(
                 granted=False, reason="isolation budget spent: 2 of 2", breaker_tripped=True
             )
+        if world.held_by:
+            reason = f"already held out (reserved by {world.held_by})"
+            return IsolationGrant(granted=True, reason=reason, held_by=world.held_by)
         return IsolationGrant(granted=True, reason="ok")
 
     @activity.defn(name="confirm_isolation")
@@ -204,6 +208,23 @@ async def test_a_job_that_does_not_run_again_escalates(
     result = await run_incident_result(time_skipping_env.client, AUTO, Behaviour(runs_again=False))
     assert result.outcome is Outcome.ESCALATED
     assert "did not run again" in result.summary and "Resources" in result.summary
+
+
+async def test_a_node_another_incident_drains_is_not_drained_twice(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    # Three jobs on one node fail together; their incidents race to the ledger. The
+    # second must keep the node out of its job and leave the drain to the first.
+    result = await run_incident_result(
+        time_skipping_env.client, AUTO, Behaviour(held_by="incident-ts-9-1")
+    )
+    assert result.outcome is Outcome.RECOVERED, result.summary
+    assert [(e.id, e.status) for e in result.effects] == [
+        ("drain-gpu02", EffectStatus.ALREADY_TRUE),
+        ("requeue-7", EffectStatus.APPLIED),
+    ]
+    assert "drained by incident-ts-9-1" in result.effects[0].note
+    assert applied == ["requeue-7"]
 
 
 async def test_effects_after_a_blocked_one_are_skipped_not_done(

@@ -83,6 +83,9 @@ class IsolationGrant(BaseModel):
     breaker_tripped: bool = False
     isolated_in_window: int = 0
     budget: int = 0
+    # Another incident reserved this node first and drains it: this one must not drain
+    # it again (its reason, and the quarantine that follows, belong to that incident).
+    held_by: str | None = None
 
 
 class RestartRequest(BaseModel):

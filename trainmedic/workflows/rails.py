@@ -79,12 +79,12 @@ def grant_isolation(
     reconcile_isolations(state, request.held_out, now)
     for isolation in state.isolations:
         if isolation.node == request.node:
-            same = isolation.incident_id == request.incident_id
+            if isolation.incident_id == request.incident_id:
+                return IsolationGrant(granted=True, reason="already reserved")
             return IsolationGrant(
                 granted=True,
-                reason="already reserved"
-                if same
-                else f"already held out (reserved by {isolation.incident_id})",
+                reason=f"already held out (reserved by {isolation.incident_id})",
+                held_by=isolation.incident_id,
             )
     held = {i.node for i in state.isolations if i.partition == request.partition}
     budget = isolation_budget(state, request.partition_size)

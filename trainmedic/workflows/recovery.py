@@ -330,6 +330,8 @@ class RecoveryWorkflow:
                 if not await self._rail(effect, request.cluster, gathered, diagnosis):
                     blocked = True
                     continue
+                if effect.status is EffectStatus.ALREADY_TRUE:
+                    continue  # another incident drains this node
                 await self._apply(effect)
                 await self._confirm_isolation(effect, request.cluster, gathered)
             finally:
@@ -447,6 +449,20 @@ class RecoveryWorkflow:
                 retry_policy=READ_RETRY,
             )
         else:
+            return True
+        if (
+            isinstance(grant, IsolationGrant)
+            and grant.granted
+            and grant.held_by
+            and workflow.patched("drain-held-by-another-incident")
+        ):
+            # Incidents about one node race (three jobs on it fail at once): the first
+            # reservation drains it; the others keep it out of their jobs and drain nothing.
+            effect.status = EffectStatus.ALREADY_TRUE
+            effect.note = (
+                f"{effect.node} is drained by {grant.held_by} (it reserved the node first); "
+                "not drained twice, kept out of the job"
+            )
             return True
         if grant.granted:
             return True
