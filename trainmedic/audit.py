@@ -48,6 +48,7 @@ KINDS = (
     "cancel_requested",
     "consistency",
     "outcome",
+    "notification",
     "mode_change",
     "policy_change",
 )
@@ -338,9 +339,26 @@ class _Walker:
                 status="granted" if granted else "refused",
                 detail=f"{what}: {result.get('reason', '')}",
             )
+        elif name == "notify":
+            sent = _dict(request)
+            self.record(
+                event,
+                "notification",
+                status="delivered" if result.get("delivered") else "not sent",
+                detail=f"{sent.get('event')}: {result.get('detail', '')}".rstrip(": "),
+            )
 
     def on_activity_task_failed_event_attributes(self, event: HistoryEvent, a: Any) -> None:
         name, request = self.scheduled.get(a.scheduled_event_id, ("", None))
+        if name == "notify":
+            # Out of retries: the news did not reach anyone, and the trail says so.
+            self.record(
+                event,
+                "notification",
+                status="failed",
+                detail=f"{_dict(request).get('event')}: {_failure_message(a.failure)}",
+            )
+            return
         if name != "apply_effect":
             return
         effect = _dict(_dict(request).get("effect"))

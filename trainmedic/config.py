@@ -97,6 +97,10 @@ def default_state_dir() -> Path:
     return Path(base) / "trainmedic"
 
 
+def notify_event_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 class Settings(BaseSettings):
     """Where trainmedic runs and what it talks to. Env: TRAINMEDIC_<FIELD>."""
 
@@ -143,6 +147,32 @@ class Settings(BaseSettings):
     # workflow gives the activity five minutes).
     attribution_max_scan_bytes: int = Field(64 * 2**20, ge=2**20, le=2**40)
     attribution_scan_timeout: PositiveDuration = timedelta(minutes=2)
+    # Notifications (approval needed, effect applied, job stopped, escalation, breaker
+    # tripped) to a webhook; the URL often embeds a token (Slack's does), so it is secret.
+    notify_webhook_url: SecretStr | None = None
+    notify_format: Literal["json", "slack"] = "json"
+    notify_events: str = Field("", description="Events to send, comma-separated; all if empty.")
+    notify_timeout: PositiveDuration = timedelta(seconds=10)
+
+    @field_validator("notify_webhook_url")
+    @classmethod
+    def _webhook_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("https://", "http://")):
+            raise ValueError("must start with https:// or http://")
+        return value
+
+    @field_validator("notify_events")
+    @classmethod
+    def _known_events(cls, value: str) -> str:
+        from trainmedic.domain.notify import NotifyEvent
+
+        known = {e.value for e in NotifyEvent}
+        unknown = [e for e in notify_event_names(value) if e not in known]
+        if unknown:
+            raise ValueError(
+                f"unknown event {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return value
 
     @field_validator("attribution_scan_timeout")
     @classmethod

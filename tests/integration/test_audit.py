@@ -154,6 +154,11 @@ async def test_approved_incident_is_fully_audited(
     assert decision.stage == "gate"
     assert decision.effect_id and f"drain-{culprit}" in decision.effect_id
 
+    # The lab's controller has no webhook: each notification says so in the trail.
+    notes = [r for r in records if r.kind == "notification"]
+    assert notes and all(r.status == "not sent" for r in notes)
+    assert "approval_needed: no notifier configured" in [r.detail for r in notes]
+
     diagnosis = next(r for r in records if r.kind == "diagnosis")
     assert diagnosis.category == "gpu_hardware"
     assert diagnosis.culprit_nodes == [culprit]

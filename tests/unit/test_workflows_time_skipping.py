@@ -19,6 +19,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from trainmedic.activities.notify import NotifyActivities
+from trainmedic.adapters.notify.webhook import WebhookNotifier
 from trainmedic.config import Policy, parse_policy
 from trainmedic.domain import Action, Category, Diagnosis, Evidence, EvidenceSource, Outcome
 from trainmedic.domain.activity_io import (
@@ -42,12 +44,14 @@ from trainmedic.domain.incident import (
     IncidentInput,
     IncidentResult,
 )
+from trainmedic.domain.notify import Notification, NotifyEvent, NotifyResult
 from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode
 
 # -- RecoveryWorkflow with stand-in activities ---------------------------------------
 
 JOB = SlurmJob(job_id="7", state="FAILED", partition="gpu", nodes=["gpu01", "gpu02"])
 applied: list[str] = []
+notified: list[Notification] = []
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Behaviour:
     failing_effect: str | None = None  # this effect id fails for good
     runs_again: bool = True
     held_by: str | None = None  # another incident reserved the culprit first
+    webhook: str | None = None  # the real notify activity, posting here
 
 
 world = Behaviour()
@@ -104,6 +109,11 @@ def make_activities(policy: Policy) -> list[object]:
     async def reserve_restart(request: ReserveRestart) -> RestartGrant:
         return RestartGrant(granted=True, reason="ok")
 
+    @activity.defn(name="notify")
+    async def notify(notification: Notification) -> NotifyResult:
+        notified.append(notification)
+        return NotifyResult(delivered=True)
+
     @activity.defn(name="apply_effect")
     async def apply_effect(request: ApplyEffectRequest) -> EffectOutcome:
         if request.effect.id == world.failing_effect:
@@ -124,6 +134,8 @@ def make_activities(policy: Policy) -> list[object]:
     async def check_consistency(request: ConsistencyRequest) -> ConsistencyReport:
         return ConsistencyReport(summary="node gpu02 IDLE+DRAIN (drained by this incident)")
 
+    if world.webhook:
+        notify = NotifyActivities(WebhookNotifier(world.webhook, timeout=2)).notify  # type: ignore[assignment]
     return [
         control_snapshot,
         gather_evidence,
@@ -132,6 +144,7 @@ def make_activities(policy: Policy) -> list[object]:
         confirm_isolation,
         reserve_restart,
         apply_effect,
+        notify,
         verify_job,
         check_consistency,
     ]
@@ -147,6 +160,7 @@ async def run_incident_result(
     policy = parse_policy(policy_yaml)
     queue = f"ts-{uuid.uuid4().hex[:6]}"
     applied.clear()
+    notified.clear()
     async with Worker(
         client, task_queue=queue, workflows=[RecoveryWorkflow], activities=make_activities(policy)
     ):
@@ -181,6 +195,11 @@ async def test_approval_timeout_fallbacks(
     assert got is outcome
     assert done == effects
     assert set(deciders) == {"trainmedic:timeout"}
+    events = [n.event for n in notified]
+    [asked] = [n for n in notified if n.event is NotifyEvent.APPROVAL_NEEDED][:1]
+    assert "--action drain-gpu02" in asked.action_hint
+    assert (NotifyEvent.ESCALATED in events) is (outcome is Outcome.ESCALATED)
+    assert events.count(NotifyEvent.EFFECT_APPLIED) == len(effects)
 
 
 # -- recovery paths no lab test reaches (issue 9.10) --------------------------------------
@@ -200,6 +219,10 @@ async def test_an_effect_that_fails_escalates_and_says_which(
         ("drain-gpu02", EffectStatus.APPLIED),
         ("requeue-7", EffectStatus.FAILED),
     ]
+    by_event = {n.event: n for n in notified}
+    assert sorted(by_event) == [NotifyEvent.EFFECT_APPLIED, NotifyEvent.ESCALATED]
+    escalated = by_event[NotifyEvent.ESCALATED]
+    assert "Invalid job id" in escalated.summary and escalated.job_id == "7"
 
 
 async def test_a_job_that_does_not_run_again_escalates(
@@ -241,6 +264,11 @@ async def test_effects_after_a_blocked_one_are_skipped_not_done(
     ]
     assert "an earlier effect was blocked" in result.effects[1].note
     assert applied == []
+    # Notifications run beside each other: they may arrive in any order.
+    by_event = {n.event: n for n in notified}
+    assert sorted(by_event) == [NotifyEvent.BREAKER_TRIPPED, NotifyEvent.ESCALATED]
+    tripped = by_event[NotifyEvent.BREAKER_TRIPPED].summary
+    assert "monitor mode" in tripped and "budget spent" in tripped
 
 
 async def test_cancel_after_an_applied_effect_says_what_was_done(

@@ -313,14 +313,14 @@ async def decide(client: Client, incident_id: str, payload: DecisionPayload) -> 
         raise _rpc_problem(error, incident_id) from None
 
 
-async def _closed_reason(client: Client, incident_id: str) -> str:
+async def _closed_reason(client: Client, incident_id: str, then: str = "nothing to decide") -> str:
     try:
         described = await client.get_workflow_handle(incident_id).describe()
     except RPCError:
-        return f"{incident_id} is finished; nothing to decide"
+        return f"{incident_id} is finished; {then}"
     outcome = described.typed_search_attributes.get(TM_OUTCOME)
     status = described.status.name.lower() if described.status else "closed"
-    return f"{incident_id} is finished ({outcome or status}); nothing to decide"
+    return f"{incident_id} is finished ({outcome or status}); {then}"
 
 
 def _decide_cmd(
@@ -458,3 +458,35 @@ def release_cmd(
         markup=False,
         soft_wrap=True,
     )
+
+
+# ---------------------------------------------------------------------- cancel
+
+
+async def cancel(client: Client, incident_id: str, by: str, reason: str) -> str:
+    """Request cancellation; the workflow finishes no effect half-way and reports what
+    Slurm looks like (RecoveryWorkflow._cancelled). Returns what happened."""
+    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, incident_id)
+    try:
+        described = await handle.describe()
+        if described.workflow_type != "RecoveryWorkflow":
+            raise Refused(f"{incident_id} is a {described.workflow_type}, not an incident")
+        if described.status is not WorkflowExecutionStatus.RUNNING:
+            raise Refused(await _closed_reason(client, incident_id, "nothing to cancel"))
+        # Temporal records the reason with the request in the history: who and why.
+        await handle.cancel(reason=f"cancelled by {by}" + (f": {reason}" if reason else ""))
+    except RPCError as error:
+        raise _rpc_problem(error, incident_id) from None
+    return f"{incident_id}: cancellation requested (by {by}); effects not yet applied will not be"
+
+
+@app.command("cancel")
+def cancel_cmd(
+    incident_id: str,
+    by: str = typer.Option(..., "--by", help="Who cancels (recorded).", callback=_who),
+    reason: str = typer.Option("", "--reason", help="Why (recorded)."),
+    address: str | None = ADDRESS,
+) -> None:
+    """Cancel an open incident: an effect under way finishes, none after it starts."""
+    said = _run(lambda client: cancel(client, incident_id, by, reason), address)
+    console.print(said, markup=False, soft_wrap=True)

@@ -18,6 +18,7 @@ from trainmedic.cli import incidents as incidents_cli
 from trainmedic.cli import lab as lab_cli
 from trainmedic.cli import report as report_cli
 from trainmedic.cli import server as server_cli
+from trainmedic.cli import status as status_cli
 from trainmedic.cli import up as up_cli
 from trainmedic.errors import TrainmedicError
 
@@ -38,6 +39,7 @@ attribute_cli.register(app)
 up_cli.register(app)
 demo_cli.register(app)
 report_cli.register(app)
+status_cli.register(app)
 
 
 def _version(value: bool) -> None:

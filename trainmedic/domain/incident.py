@@ -138,6 +138,34 @@ class IncidentStatus(BaseModel):
     policy_version: str | None = None
 
 
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+class IncidentTimes(BaseModel):
+    """When the failure was seen, handled and over: what goodput is computed from."""
+
+    failed_at: datetime | None = None  # the earliest report's time (its first witness)
+    opened_at: datetime | None = None  # the incident's workflow started
+    acted_at: datetime | None = None  # the first effect applied
+    running_again_at: datetime | None = None  # the job was seen running again
+    # The last progress marker before the failure (e.g. a checkpoint step), when known:
+    # the work since it is lost too, and is said beside the time.
+    last_progress: str | None = None
+
+    def detect_s(self) -> float | None:
+        return _seconds(self.failed_at, self.opened_at)
+
+    def act_s(self) -> float | None:
+        return _seconds(self.opened_at, self.acted_at)
+
+    def down_s(self) -> float | None:
+        """Failure to running again: the time this incident cost the job."""
+        return _seconds(self.failed_at or self.opened_at, self.running_again_at)
+
+
 class IncidentResult(BaseModel):
     incident_id: str
     outcome: Outcome
@@ -146,3 +174,4 @@ class IncidentResult(BaseModel):
     effects: list[PlannedEffect] = Field(default_factory=list)
     decisions: list[Decision] = Field(default_factory=list)
     job_nodes_after: list[str] = Field(default_factory=list)
+    times: IncidentTimes = Field(default_factory=IncidentTimes)

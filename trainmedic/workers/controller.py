@@ -15,6 +15,7 @@ from temporalio.worker import Worker
 
 from trainmedic.activities.attribution import AttributionActivities, Attributor
 from trainmedic.activities.control import ControlActivities, ensure_control
+from trainmedic.activities.notify import NotifyActivities
 from trainmedic.activities.quarantine import (
     NodeHealth,
     QuarantineActivities,
@@ -63,6 +64,23 @@ def node_health(backend: SlurmBackend, lab: Lab | None) -> NodeHealth:
     )
 
 
+def notify_activities(settings: Settings) -> NotifyActivities:
+    """The webhook from the settings, or none (the activity then says so in the history)."""
+    from trainmedic.adapters.notify.webhook import WebhookNotifier
+    from trainmedic.config import notify_event_names
+    from trainmedic.domain.notify import NotifyEvent
+
+    if settings.notify_webhook_url is None:
+        return NotifyActivities(None)
+    notifier = WebhookNotifier(
+        settings.notify_webhook_url.get_secret_value(),
+        settings.notify_format,
+        timeout=settings.notify_timeout.total_seconds(),
+    )
+    events = [NotifyEvent(name) for name in notify_event_names(settings.notify_events)]
+    return NotifyActivities(notifier, events)
+
+
 def build_activities(
     client: Client,
     settings: Settings,
@@ -92,6 +110,7 @@ def build_activities(
         control.reserve_isolation,
         control.confirm_isolation,
         control.reserve_restart,
+        notify_activities(settings).notify,
     ]
 
 

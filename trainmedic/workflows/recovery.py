@@ -10,7 +10,7 @@ and a fresh read of the world (inside the activity) before anything happens.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -49,8 +49,10 @@ with workflow.unsafe.imports_passed_through():
         IncidentResult,
         IncidentSignal,
         IncidentStatus,
+        IncidentTimes,
         PlannedEffect,
     )
+    from trainmedic.domain.notify import Notification, NotifyEvent, NotifyResult
     from trainmedic.temporal.search_attributes import (
         TM_ACTION,
         TM_CATEGORY,
@@ -82,6 +84,15 @@ DECIDED = {
     EffectStatus.REJECTED,
     EffectStatus.ABANDONED,
 }
+# A notification must never hold recovery up: it runs beside the effects, and gives up
+# after a few minutes of a receiver that does not answer.
+NOTIFY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=6,
+)
+NOTIFY_PATCH = "notify-webhook"
 FINAL = {
     EffectStatus.WOULD_APPLY,
     EffectStatus.REJECTED,
@@ -122,6 +133,8 @@ class RecoveryWorkflow:
         self.outcome: Outcome | None = None
         self.policy: Policy | None = None
         self.breaker: str | None = None  # why the cluster's breaker is open, if it is
+        self.notifications: list[asyncio.Task[NotifyResult]] = []
+        self.running_again_at: datetime | None = None
 
     # -- operator messages ----------------------------------------------------------
 
@@ -239,9 +252,50 @@ class RecoveryWorkflow:
             ]
         )
         try:
-            return await self._recover(request)
+            result = await self._recover(request)
         except asyncio.CancelledError:
             return await self._cancelled(request)
+        if result.outcome is Outcome.STOPPED:
+            self._notify(NotifyEvent.JOB_STOPPED, result.summary)
+        elif result.outcome is Outcome.ESCALATED:
+            self._notify(NotifyEvent.ESCALATED, result.summary)
+        await self._notifications_sent()
+        return result
+
+    # -- notifications ----------------------------------------------------------------
+
+    def _notify(self, event: NotifyEvent, summary: str, action_hint: str = "") -> None:
+        """Start the notify activity beside the recovery (never in its way)."""
+        if not workflow.patched(NOTIFY_PATCH):
+            return  # a history from before notifications: replay it as it ran
+        request = self.request
+        notification = Notification(
+            event=event,
+            incident_id=workflow.info().workflow_id,
+            cluster=request.cluster,
+            job_id=request.job_id,
+            nodes=sorted(
+                {*request.nodes, *(self.diagnosis.culprit_nodes if self.diagnosis else [])}
+            ),
+            summary=summary,
+            action_hint=action_hint,
+            at=workflow.now(),
+        )
+        self.notifications.append(
+            workflow.start_activity(
+                "notify",
+                notification,
+                result_type=NotifyResult,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=NOTIFY_RETRY,
+            )
+        )
+
+    async def _notifications_sent(self) -> None:
+        """Wait for the notifications before closing: a lost one is logged, not fatal."""
+        for outcome in await asyncio.gather(*self.notifications, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                workflow.logger.warning("a notification was not delivered: %s", outcome)
 
     async def _recover(self, request: IncidentInput) -> IncidentResult:
         control = await workflow.execute_activity(
@@ -385,6 +439,12 @@ class RecoveryWorkflow:
         effect.status = EffectStatus.AWAITING_APPROVAL
         why = self.diagnosis.headline() if self.diagnosis else ""
         self.details = f"waiting for approval to {effect.describe()}: {why}"
+        self._notify(
+            NotifyEvent.APPROVAL_NEEDED,
+            self.details,
+            f"trainmedic incidents approve {workflow.info().workflow_id} --action {effect.id} "
+            "--by <you> (or reject)",
+        )
         workflow.set_current_details(
             f"{self.details}\n\nApprove or reject with a signal `approve` / `reject` and "
             f'payload {{"action": "{effect.id}", "by": "<you>", "comment": "<why>"}} '
@@ -468,6 +528,13 @@ class RecoveryWorkflow:
             return True
         effect.status = EffectStatus.BLOCKED
         effect.note = grant.reason
+        if isinstance(grant, IsolationGrant) and grant.breaker_tripped:
+            self._notify(
+                NotifyEvent.BREAKER_TRIPPED,
+                f"cluster {cluster} is back in monitor mode: {grant.reason}",
+                f"trainmedic incidents mode {cluster} auto --by <you> (once the nodes held out are "
+                "understood)",
+            )
         workflow.logger.warning("%s blocked by a safety rail: %s", effect.id, grant.reason)
         return False
 
@@ -527,6 +594,9 @@ class RecoveryWorkflow:
         effect.note = "; ".join(n for n in (effect.note, outcome.note) if n)
         effect.results = outcome.results
         effect.applied_at = workflow.now()
+        if effect.status is EffectStatus.APPLIED:
+            why = self.diagnosis.headline() if self.diagnosis else ""
+            self._notify(NotifyEvent.EFFECT_APPLIED, f"{effect.describe()}: {why}")
 
     async def _conclude(self, request: IncidentInput, diagnosis: Diagnosis) -> IncidentResult:
         # Culprits found already out of service at planning changed nothing: they
@@ -605,6 +675,7 @@ class RecoveryWorkflow:
             retry_policy=READ_RETRY,
         )
         if result.running:
+            self.running_again_at = workflow.now()
             return self._finish(
                 Outcome.RECOVERED,
                 f"job {job_id} runs again on {','.join(result.nodes)}",
@@ -641,6 +712,27 @@ class RecoveryWorkflow:
             effects=self.effects,
             decisions=self.decisions,
             job_nodes_after=job_nodes_after or [],
+            times=self._times(),
+        )
+
+    def _times(self) -> IncidentTimes:
+        # A report's time comes from outside (a spool file, a person): naive means UTC.
+        reported = [
+            s.at if s.at.tzinfo else s.at.replace(tzinfo=UTC)
+            for s in self.signals
+            if s.at is not None
+        ]
+        applied = [
+            e.applied_at
+            for e in self.effects
+            if e.applied_at is not None and e.status is EffectStatus.APPLIED
+        ]
+        return IncidentTimes(
+            failed_at=min(reported) if reported else None,
+            opened_at=workflow.info().start_time,
+            acted_at=min(applied) if applied else None,
+            running_again_at=self.running_again_at,
+            last_progress=self._progress(),
         )
 
     async def _cancelled(self, request: IncidentInput) -> IncidentResult:
