@@ -4,8 +4,13 @@ Handles the shapes real jobs print: `srun -l` labels (`  3: `), PyTorch's `[rank
 torchrun's `[default0]:`, mpirun's `[1,5]<stderr>:`, pdsh/deepspeed `gpu03: `, NCCL's
 `host:pid:tid [dev]`, syslog/journal `Mar  3 10:01:02 gpu03 kernel:` (also quoted inside a
 line: `Xid errors on instance: ip-26-0-1-2, Error: May 19 07:08:57 ip-26-0-1-2 kernel: ...`),
-Slurm's `srun: error: gpu03: task 24: ...`, and the timestamps that log shippers put in
+Slurm's `srun: error: gpu03: task 24: ...` and `slurmstepd-gpu03: error: ...`, Ray's
+`(RayTrainWorker pid=1942, ip=10.0.7.57)`, and the timestamps that log shippers put in
 front of all of these (`2019-06-02T16:13:44.884Z: `, `[2025-11-09 07:39:30] `).
+
+Names become the job's nodes through its layout: a rank or task through the task
+distribution, an address through Slurm's NodeAddr (`addrs`), and a GPU's PCI bus id
+through the node's bus id -> index table (`gpus`), where the caller knows them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,16 @@ _MPI = re.compile(r"^\[\d+,(\d{1,6})\]<std(?:out|err)>:")
 _HOST_PREFIX = re.compile(
     r"^(?:([A-Za-z][A-Za-z0-9_.-]{0,62}): |\[([A-Za-z][A-Za-z0-9_.-]{0,62}):\d+ ?:\d+(?::\d+)?\] )"
 )
+# Slurm (since 21.08) names the node in its step daemon's messages: "slurmstepd-gpu03: ".
+_SLURMSTEPD = re.compile(r"^slurmstepd-([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): ")
+# Ray's prefix on worker output, colours and all: "(RayTrainWorker pid=1942, ip=10.0.7.57) ",
+# "(raylet, ip=172.31.5.171) "; the colour codes may have lost their ESC when pasted.
+_RAY = re.compile(
+    r"^(?:\x1b?\[[\d;]*m)*\((?:[^()]*?[ ,])?ip=(\d{1,3}(?:\.\d{1,3}){3})\)(?:\x1b?\[[\d;]*m)* ?"
+)
+# Written by a surviving node's slurmstepd about the job: the node it names is not the one
+# that failed ("*** STEP 1943824.0 ON jean-zay-iam17 CANCELLED AT ... DUE TO NODE FAILURE").
+_SURVIVOR = re.compile(r"CANCELLED AT \S+ DUE TO NODE FAILURE")
 _NCCL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d+):(\d+) \[(\d{1,3})\]")
 # The same prefix quoted inside a line ("error message: `task-646--1-mhpnk:91:123 [0] ...").
 _NCCL_INNER = re.compile(r"[\s`'\"(]([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\d+:\d+ \[(\d{1,3})\] ")
@@ -46,7 +61,18 @@ _ELASTIC_HOST = re.compile(r"^\s*host\s+: (\S+)")
 _ELASTIC_RANK = re.compile(r"^\s*rank\s+: (\d+)(?: \(local_rank: (\d+)\))?")
 _IN_TEXT_RANK = re.compile(r"\[(?:Rank|PG \d+ Rank|PG ID \d+ PG GUID \S+ Rank) (\d{1,6})\]")
 _GPU_IN_OOM = re.compile(r"GPU (\d{1,3})(?:;| has a total)")
-_NOT_HOSTS = {"srun", "slurmstepd", "kernel", "error", "warning", "info", "traceback", "file"}
+_NOT_HOSTS = {
+    "srun",
+    "slurmstepd",
+    "kernel",
+    "error",
+    "warning",
+    "info",
+    "traceback",
+    "file",
+    "c10d",
+}
+_PCI = re.compile(r"^(?:PCI:)?(?:[0-9A-Fa-f]{4,8}:)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?$")
 
 
 @dataclass(slots=True)
@@ -61,6 +87,13 @@ class LineContext:
     node_from_layout: bool = False
 
 
+def pci_key(bus_id: str) -> str | None:
+    """A PCI bus id in any of its spellings ("00000000:3B:00.0" from NVML, "0000:3b:00"
+    or "PCI:0000:3b:00" from an Xid line) as one key: "3b:00"."""
+    m = _PCI.match(bus_id.strip())
+    return f"{m.group(1)}:{m.group(2)}".lower() if m else None
+
+
 def short_host(name: str) -> str:
     """gpu03.cluster.local -> gpu03; an IP address stays whole."""
     if _IPV4.match(name):
@@ -69,12 +102,35 @@ def short_host(name: str) -> str:
 
 
 class Topology:
-    """The job's layout: nodes in Slurm's order and tasks per node, when known."""
+    """The job's layout: nodes in Slurm's order and tasks per node, when known; Slurm's
+    NodeAddr of each node (address or name -> node); each node's GPUs by PCI bus id."""
 
-    def __init__(self, nodelist: list[str] | None = None, tasks_per_node: int | None = None):
+    def __init__(
+        self,
+        nodelist: list[str] | None = None,
+        tasks_per_node: int | None = None,
+        addrs: dict[str, str] | None = None,
+        gpus: dict[str, dict[str, int]] | None = None,
+    ):
         self.nodelist = list(nodelist or [])
         self.known = {short_host(n) for n in self.nodelist}
         self.tasks_per_node = tasks_per_node if tasks_per_node and tasks_per_node > 0 else None
+        # Keys by short name too: a log may print gpu03.cluster.local or 10.0.7.57.
+        self.addrs = {short_host(a): short_host(n) for a, n in (addrs or {}).items()}
+        self.gpus: dict[str, dict[str, int]] = {}
+        for node, table in (gpus or {}).items():
+            keyed = {k: i for bus, i in table.items() if (k := pci_key(bus)) is not None}
+            self.gpus[short_host(node)] = keyed
+
+    def gpu_of(self, node: str | None, bus_id: str) -> int | None:
+        """The index of the GPU at `bus_id` on `node` (or on the only node known)."""
+        key = pci_key(bus_id)
+        if key is None:
+            return None
+        table = self.gpus.get(short_host(node)) if node else None
+        if table is None and not node and len(self.gpus) == 1:
+            table = next(iter(self.gpus.values()))
+        return table.get(key) if table else None
 
     def node_of_task(self, task: int) -> str | None:
         """Slurm's default block distribution: task t runs on node t // tasks_per_node."""
@@ -85,6 +141,8 @@ class Topology:
 
     def plausible_host(self, name: str) -> str | None:
         host = short_host(name)
+        # An address (or alias) Slurm knows as a node's NodeAddr is that node.
+        host = self.addrs.get(host, host)
         if host.lower() in _NOT_HOSTS or not NODE_NAME.match(host):
             return None
         if self.known:
@@ -106,6 +164,8 @@ def parse_line(line: str, topo: Topology) -> LineContext:
             ctx.local_rank = int(m.group(1))
         elif m := _MPI.match(rest):
             ctx.rank = int(m.group(1))
+        elif (m := _SLURMSTEPD.match(rest)) or (m := _RAY.match(rest)):
+            ctx.node = topo.plausible_host(m.group(1)) or ctx.node
         elif (m := _HOST_PREFIX.match(rest)) and (
             host := topo.plausible_host(m.group(1) or m.group(2))
         ):
@@ -137,6 +197,8 @@ def parse_line(line: str, topo: Topology) -> LineContext:
         ctx.task = int(m.group(2))
     elif m := _NODE_FAIL.search(rest):
         ctx.node = topo.plausible_host(m.group(1)) or ctx.node
+    elif _SURVIVOR.search(rest):
+        ctx.node = None
     if ctx.rank is None and (m := _IN_TEXT_RANK.search(rest)):
         ctx.rank = int(m.group(1))
     if ctx.gpu is None and (m := _GPU_IN_OOM.search(rest)):

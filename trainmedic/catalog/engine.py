@@ -165,6 +165,10 @@ class Attributor:
                 node, explicit = named, True
                 if match.rule.role is Role.CONTEXT:
                     col.fallback_hosts.append(named)
+            gpu = ctx.gpu
+            if gpu is None and match.pci:
+                # An Xid names its GPU by PCI bus id; the node's table gives the index.
+                gpu = topo.gpu_of(node, match.pci)
             col.seq += 1
             col.add(
                 Finding(
@@ -177,7 +181,7 @@ class Attributor:
                         rule_id=match.rule.id,
                         node=node,
                         rank=rank,
-                        gpu=ctx.gpu,
+                        gpu=gpu,
                     ),
                     order=(file_index, line_no, col.seq),
                     xid=match.xid,
@@ -224,7 +228,12 @@ class Attributor:
             col.fallback_ranks.append(rank)
 
     def gather(self, request: AttributionRequest) -> tuple[_Collector, Topology]:
-        topo = Topology(request.nodelist, request.tasks_per_node)
+        topo = Topology(
+            request.nodelist,
+            request.tasks_per_node,
+            addrs=request.node_addrs,
+            gpus=request.gpu_bus_ids,
+        )
         col = _Collector()
         base = len(request.log_paths)
         for index, path in enumerate(request.log_paths):
@@ -513,11 +522,13 @@ def attribute_paths(
     paths: list[str | Path],
     nodelist: list[str] | None = None,
     tasks_per_node: int | None = None,
+    node_addrs: dict[str, str] | None = None,
 ) -> Diagnosis:
     """Convenience for the CLI and tests: diagnose a set of log files."""
     request = AttributionRequest(
         nodelist=list(nodelist or []),
         tasks_per_node=tasks_per_node,
+        node_addrs=dict(node_addrs or {}),
         log_paths=[str(p) for p in paths],
     )
     return attributor.attribute(request)

@@ -83,6 +83,8 @@ class Label(BaseModel):
     why: str | None = None
     nodelist: str | None = None
     tasks_per_node: int | None = Field(default=None, ge=1)
+    # Slurm's NodeAddr (address -> node name), where the source states it.
+    node_addrs: dict[str, str] = Field(default_factory=dict)
     slurm: SlurmObservation | None = None
 
     @model_validator(mode="before")
@@ -478,6 +480,7 @@ def evaluate(
             AttributionRequest(
                 nodelist=nodelist,
                 tasks_per_node=label.tasks_per_node,
+                node_addrs=label.node_addrs,
                 log_paths=files,
                 slurm=label.slurm,
             )

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from trainmedic.catalog.loader import XID_REGEX, Catalog
 from trainmedic.catalog.model import Rule
-from trainmedic.domain import Category, Role
+from trainmedic.domain import Role
 
 log = logging.getLogger(__name__)
 
@@ -246,16 +246,9 @@ class Matcher:
             # Context rules explain lines nothing else does (a wrapped message's prefix, a
             # summary field); on a line another rule matched they only take evidence slots.
             found = [f for f in found if f.rule.role is not Role.CONTEXT] or found
-        if len(found) > 1 and any(f.rule.role is Role.CASCADE for f in found):
-            # A line that is a known cascade is not also a generic user-code error (other
+        if len(found) > 1 and any(f.rule.generic for f in found):
+            # A line that a specific rule explains (a known cascade, the rendezvous, a
+            # checkpoint mismatch) is not also a generic exception of the program (other
             # weak roots, such as a SIGKILL in torchelastic's summary, stay).
-            found = [
-                f
-                for f in found
-                if not (
-                    f.rule.role is Role.ROOT
-                    and f.rule.precedence < 25
-                    and f.rule.category is Category.USER_CODE
-                )
-            ]
+            found = [f for f in found if not f.rule.generic] or found
         return found

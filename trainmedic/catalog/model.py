@@ -84,6 +84,10 @@ class Rule(BaseModel):
     precedence: int = Field(default=50, ge=0, le=100)
     # Does this line point at the node it was logged on (hardware), or only at a rank?
     blames_node: bool = False
+    # Matched by the exception's type alone ("ValueError:", "RuntimeError:"): on a line
+    # that another rule also matches, that rule knows the message better and this yields
+    # ("ValueError: (InvalidArgument) TCP send error" is the rendezvous, not a bug).
+    generic: bool = False
     description: str = ""
     patterns: list[Pattern] = Field(min_length=1)
     examples: list[str] = Field(min_length=1)

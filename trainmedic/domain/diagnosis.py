@@ -59,6 +59,12 @@ class AttributionRequest(BaseModel):
     job_id: str | None = None
     nodelist: list[str] = Field(default_factory=list)  # expanded, in Slurm's order
     tasks_per_node: int | None = None
+    # Slurm's NodeAddr per node, as address (or alias) -> NodeName: logs that name a node
+    # by its IP address (NCCL peers, Ray's "ip=") then name the node itself.
+    node_addrs: dict[str, str] = Field(default_factory=dict)
+    # Each node's GPUs, PCI bus id -> index (NVML, the node agent): an Xid names its GPU
+    # only by bus id.
+    gpu_bus_ids: dict[str, dict[str, int]] = Field(default_factory=dict)
     log_paths: list[str] = Field(default_factory=list)  # files to scan (stdout/stderr)
     # Where the diagnosed run's output begins in each file: earlier runs' lines (an
     # appending requeued job) are not read. Absent: the whole file (within the caps).
