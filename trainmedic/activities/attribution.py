@@ -12,12 +12,15 @@ retries).
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Protocol
 
 from temporalio import activity
 
+from trainmedic.adapters.slurm.remote_logs import RemoteLogs
 from trainmedic.catalog.scanner import DEFAULT_MAX_SCAN_BYTES, ScanLimits, scan_limits
 from trainmedic.domain.diagnosis import AttributionRequest, Diagnosis
 
@@ -37,15 +40,46 @@ class AttributionActivities:
         max_scan_bytes: int | None = DEFAULT_MAX_SCAN_BYTES,
         scan_timeout: timedelta = DEFAULT_SCAN_TIMEOUT,
         heartbeat_every: float = _HEARTBEAT_EVERY,
+        remote_logs: RemoteLogs | None = None,
     ) -> None:
         self._attributor = attributor
+        # SSH mode: the job logs are on the far side of the connection.
+        self._remote_logs = remote_logs
         self.max_scan_bytes = max_scan_bytes
         self.scan_timeout = scan_timeout
         self.heartbeat_every = heartbeat_every
 
     @activity.defn(name="attribute")
     async def attribute(self, request: AttributionRequest) -> Diagnosis:
+        if self._remote_logs is None or not request.log_paths:
+            return await self._attribute(request)
+        with tempfile.TemporaryDirectory(prefix="trainmedic-logs-") as folder:
+            fetched = await self._remote_logs.fetch(
+                request.log_paths,
+                Path(folder),
+                start_at=request.log_from,
+                max_bytes=self.max_scan_bytes,
+                # Each file's command is bounded (30 s) well inside the heartbeat timeout.
+                progress=lambda n: activity.heartbeat({"fetched": n}),
+            )
+            local = request.model_copy(
+                update={"log_paths": list(fetched.local_to_remote), "log_from": {}}
+            )
+            diagnosis = await self._attribute(local, fetched.notes)
+        # Evidence and notes name the file the operator knows, not the copy.
+        evidence = [
+            e.model_copy(update={"file": fetched.remote(e.file)}) if e.file else e
+            for e in diagnosis.evidence
+        ]
+        return diagnosis.model_copy(
+            update={"evidence": evidence, "summary": fetched.rename(diagnosis.summary)}
+        )
+
+    async def _attribute(
+        self, request: AttributionRequest, notes: list[str] | None = None
+    ) -> Diagnosis:
         limits = ScanLimits(max_bytes=self.max_scan_bytes, start_at=dict(request.log_from))
+        limits.notes.extend(notes or [])
         budget = self.scan_timeout.total_seconds()
 
         def scan() -> Diagnosis:

@@ -24,6 +24,7 @@ from trainmedic.activities.quarantine import (
 )
 from trainmedic.activities.slurm import SlurmActivities
 from trainmedic.adapters.slurm import SlurmBackend, SlurmCli
+from trainmedic.adapters.slurm.remote_logs import RemoteLogs
 from trainmedic.config import Policy, Settings
 from trainmedic.domain.control import SetPolicyRequest
 from trainmedic.lab import Lab
@@ -81,6 +82,16 @@ def notify_activities(settings: Settings) -> NotifyActivities:
     return NotifyActivities(notifier, events)
 
 
+def remote_logs(settings: Settings) -> RemoteLogs | None:
+    """In SSH mode the controller may not see the shared file system: job logs are read
+    over the same connection as Slurm's commands."""
+    if settings.slurm_access != "ssh":
+        return None
+    from trainmedic.adapters.slurm.ssh import ssh_runner
+
+    return RemoteLogs(ssh_runner(settings))
+
+
 def build_activities(
     client: Client,
     settings: Settings,
@@ -95,6 +106,7 @@ def build_activities(
         attributor or default_attributor(),
         max_scan_bytes=settings.attribution_max_scan_bytes,
         scan_timeout=settings.attribution_scan_timeout,
+        remote_logs=remote_logs(settings),
     )
     control = ControlActivities(client, policy, settings.temporal_task_queue, backend)
     quarantine = QuarantineActivities(backend, node_health(backend, lab))

@@ -381,6 +381,12 @@ class SshRunner:
     # ------------------------------------------------------------------ commands
 
     async def run(self, argv: Sequence[str], timeout: float) -> CompletedCommand:
+        done, out = await self.run_raw(argv, timeout)
+        return done.model_copy(update={"stdout": out.decode("utf-8", "replace")})
+
+    async def run_raw(self, argv: Sequence[str], timeout: float) -> tuple[CompletedCommand, bytes]:
+        """`run`, with the remote command's stdout as bytes (job logs are not always
+        UTF-8, and a decode would change what the attributor reads)."""
         # Killing the local client does not signal the remote command (no tty), so the
         # remote side bounds it too, a little later than we give up here.
         remote = f"timeout -k 5 {timeout + REMOTE_GRACE_S:g} " + remote_command(
@@ -447,13 +453,10 @@ class SshRunner:
                 returncode=code,
                 stderr=stderr,
             )
-        return CompletedCommand(
-            argv=list(argv),
-            returncode=code,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=stderr,
-            duration_s=duration,
+        done = CompletedCommand(
+            argv=list(argv), returncode=code, stderr=stderr, duration_s=duration
         )
+        return done, out
 
 
 # Masters still running at interpreter exit are stopped (they are our children).
