@@ -6,6 +6,7 @@ attribute activity naming the remote file in its evidence."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,17 @@ from temporalio.testing import ActivityEnvironment
 from tests.fixtures.ssh import SshServer
 from trainmedic.activities.attribution import AttributionActivities
 from trainmedic.adapters.slurm.remote_logs import RemoteLogs
-from trainmedic.catalog import Attributor
+from trainmedic.catalog import Attributor, Matcher, load_catalog
 from trainmedic.domain.diagnosis import AttributionRequest
 from trainmedic.domain.enums import Category
+from trainmedic.watchers.base import ListSink
+from trainmedic.watchers.logs import LogWatchConfig, LogWatcher
+from trainmedic.watchers.progress import ProgressConfig
+from trainmedic.watchers.remote_tail import RemoteFiles
 
 pytestmark = pytest.mark.integration
+
+NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]
 
 XID = (
     b"[Tue Dec  1 09:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "
@@ -101,3 +108,55 @@ async def test_attribution_over_ssh_names_the_remote_file(
     files = {e.file for e in diagnosis.evidence if e.file}
     assert files == {str(log)}, "evidence names the file on the cluster, not the local copy"
     assert [e.line_no for e in diagnosis.evidence if e.file] == [2]
+
+
+# -- the log watcher over SSH -----------------------------------------------------------
+
+CUDA = b"[rank5]:   what():  CUDA error: an illegal memory access was encountered\n"
+
+
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as handle:
+        handle.write(data)
+
+
+async def test_the_log_watcher_follows_job_logs_over_ssh(
+    ssh_server: SshServer, tmp_path: Path
+) -> None:
+    """The same signals as a local tail: a match with file, line, rank and node; a
+    partial line completed later; a rewrite started again from the top; a FIFO refused."""
+    sink = ListSink()
+    runner = ssh_server.runner()
+    watcher = LogWatcher(
+        sink,
+        cluster="lab",
+        matcher=Matcher(load_catalog()),
+        config=LogWatchConfig(progress=ProgressConfig(hang_after=timedelta(hours=1))),
+        remote=RemoteFiles(runner),
+    )
+    out = tmp_path / "train-42.out"
+    fifo = tmp_path / "train-42.err"
+    os.mkfifo(fifo)
+    try:
+        watcher.watch("42", [str(out), str(fifo)], nodelist=NODES, tasks_per_node=2, run=0)
+        assert await watcher.poll_and_submit() == []  # not there yet
+        _append(out, b"".join(b"[rank0]: step %d loss 2.0\n" % i for i in range(1, 11)))
+        _append(out, CUDA[:30])  # half a line: nothing yet
+        assert await watcher.poll_and_submit() == []
+        _append(out, CUDA[30:])
+        [signal] = await watcher.poll_and_submit()
+        hit = next(e for e in signal.evidence if e.rule_id == "cuda.illegal_address")
+        assert hit.file == str(out) and hit.line_no == 11
+        assert hit.rank == 5 and hit.node == "gpu03"
+        assert signal.progress == "step 10"
+        # The job is requeued without --open-mode=append: the file is rewritten.
+        out.write_bytes(b"[rank0]: step 1 loss 3.0\n" + XID)
+        signals = await watcher.poll_and_submit()
+        view = watcher.view("42")
+        assert view is not None
+        tails = {t.path: t for t in watcher._jobs["42"].tails.values()}
+        assert tails[str(out)].resets == 1
+        assert any("fallen off the bus" in e.text for s in signals for e in s.evidence)
+        assert tails[str(fifo)].refused and "not a regular file" in tails[str(fifo)].refused
+    finally:
+        await runner.close()

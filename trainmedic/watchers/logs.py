@@ -56,6 +56,7 @@ from trainmedic.durations import Duration
 from trainmedic.errors import DeliveryError
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.progress import JobProgress, ProgressConfig, ProgressPatterns, SeenLine
+from trainmedic.watchers.remote_tail import RemoteFiles, RemoteFileTail
 from trainmedic.watchers.tail import Block, FileTail
 
 log = logging.getLogger(__name__)
@@ -195,8 +196,12 @@ class LogWatcher:
         matcher: Matcher | None = None,
         config: LogWatchConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        remote: RemoteFiles | None = None,
     ) -> None:
         self.sink = sink
+        # SSH mode: the files are on the far side of the connection, fetched once a cycle.
+        self.remote = remote
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.cluster = cluster
         self.matcher = matcher or Matcher(catalog if catalog is not None else load_catalog())
         self.config = config or LogWatchConfig()
@@ -262,7 +267,7 @@ class LogWatcher:
                 job.topo = Topology(nodelist or job.topo.nodelist, tasks_per_node)
             for path in wanted:
                 if path not in job.tails:
-                    tail = FileTail(
+                    tail = (RemoteFileTail if self.remote else FileTail)(
                         path,
                         max_line=self.config.max_line,
                         catch_up_bytes=self.config.catch_up_bytes,
@@ -326,6 +331,7 @@ class LogWatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until `stop` is set. File I/O runs in a worker thread, off the event loop."""
         interval = self.config.interval.total_seconds()
+        self._loop = asyncio.get_running_loop()
         while not stop.is_set():
             started = self.clock()
             try:
@@ -339,6 +345,7 @@ class LogWatcher:
 
     async def poll_and_submit(self) -> list[IncidentSignal]:
         """One cycle, then hand its signals to the sink (tests, benchmarks)."""
+        self._loop = asyncio.get_running_loop()
         signals = await asyncio.to_thread(self.poll)
         await self._submit(signals)
         return signals
@@ -399,6 +406,8 @@ class LogWatcher:
             else:
                 order = []
         budget = cfg.max_read_per_cycle
+        if self.remote is not None:
+            self._fetch_remote(order, budget)
         read_total = lines = long_lines = resets = 0
         for job, tail in order:
             if budget <= 0:
@@ -419,6 +428,28 @@ class LogWatcher:
             resets += tail.resets - before[3]
         with self._lock:
             return self._finish_cycle(now, read_total, lines, long_lines, resets)
+
+    def _fetch_remote(self, order: list[tuple[_Job, FileTail]], budget: int) -> None:
+        """One remote command for this cycle's files (called in the cycle's thread)."""
+        remote, loop = self.remote, self._loop
+        if remote is None or loop is None:
+            return
+        requests, tails = [], {}
+        for _, tail in order:
+            if budget <= 0 or not isinstance(tail, RemoteFileTail):
+                break
+            request = tail.request(min(self.config.max_read_per_file, budget))
+            requests.append(request)
+            tails[tail.path] = tail
+            budget -= request.length
+        try:
+            future = asyncio.run_coroutine_threadsafe(remote.snapshot(requests), loop)
+            slices = future.result(remote.timeout + 10)
+        except Exception as error:  # the connection is down: nothing is read, nothing lost
+            log.warning("log watcher: cannot read the job logs over SSH: %s", error)
+            return
+        for path, piece in slices.items():
+            tails[path].snapshot = piece
 
     def _finish_cycle(
         self, now: float, read_total: int, lines: int, long_lines: int, resets: int

@@ -30,12 +30,28 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _FINGERPRINT = 32  # bytes before the offset that must still be there on the next read
 _OVERLAP = 256  # bytes of an over-long line kept so a message cut at a fragment edge is seen
+
+
+class StatLike(Protocol):
+    """What a tail needs of a file's stat: `os.stat_result`, or a remote host's answer."""
+
+    @property
+    def st_mode(self) -> int: ...
+    @property
+    def st_dev(self) -> int: ...
+    @property
+    def st_ino(self) -> int: ...
+    @property
+    def st_size(self) -> int: ...
+    @property
+    def st_mtime_ns(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +123,7 @@ class FileTail:
     def poll(self, max_bytes: int) -> list[Block]:
         """Read up to `max_bytes` new bytes; [] when nothing changed or no file yet."""
         try:
-            st = os.stat(self.path)
+            st = self._stat()
         except FileNotFoundError:
             self.exists = False
             return []
@@ -136,7 +152,11 @@ class FileTail:
             blocks.extend(self._assemble(data))
         return blocks
 
-    def _refuse(self, st: os.stat_result) -> None:
+    def _stat(self) -> StatLike:
+        """The file's stat now (a remote tail answers from its cycle's snapshot)."""
+        return os.stat(self.path)
+
+    def _refuse(self, st: StatLike) -> None:
         if self.path == "/dev/null" or stat.S_ISDIR(st.st_mode):
             return  # nothing to read, nothing to say
         why = f"not a regular file (mode {stat.S_IFMT(st.st_mode):o}); not read"
@@ -144,7 +164,7 @@ class FileTail:
             log.warning("log %s is %s", self.path, why)
         self.refused = why
 
-    def _attach(self, st: os.stat_result) -> None:
+    def _attach(self, st: StatLike) -> None:
         self.dev, self.ino = st.st_dev, st.st_ino
         resume, self._resume = self._resume, None
         if resume is not None and resume[0] <= st.st_size:
@@ -162,7 +182,7 @@ class FileTail:
             self.line_known = False
             self.skip_to_newline = True
 
-    def _restart(self, st: os.stat_result, why: str) -> None:
+    def _restart(self, st: StatLike, why: str) -> None:
         log.info("log %s %s: following it from the start", self.path, why)
         self.dev, self.ino = st.st_dev, st.st_ino
         self.offset = 0
@@ -177,7 +197,7 @@ class FileTail:
         self.resets += 1
         self.last_reset = why
 
-    def _read(self, max_bytes: int, st: os.stat_result) -> bytes:
+    def _read(self, max_bytes: int, st: StatLike) -> bytes:
         try:
             fd = os.open(self.path, _OPEN_FLAGS)
         except OSError as error:
