@@ -620,6 +620,10 @@ class SlurmWatcher:
         self.cycles = 0
         self.failures = 0  # consecutive failed reads
         self.last_cycle_s: float | None = None
+        # A controller that takes detection over from another (the lease) reports, in
+        # its first view, the failed jobs Slurm still lists: some may have ended while
+        # nobody watched. Those already handled map to closed incidents and open nothing.
+        self.catch_up_ended = False
 
     # -- lookups for the router --------------------------------------------------
 
@@ -643,7 +647,19 @@ class SlurmWatcher:
             logger.info(
                 "slurm watcher: first view, %d jobs, %d nodes", len(cur.jobs), len(cur.nodes)
             )
-            return []
+            if not self.catch_up_ended:
+                return []
+            ended, _ = diff_jobs({}, cur.jobs, _now())
+            caught = [s for s in ended if s.kind != CANCELLED_KIND]
+            if caught:
+                logger.info(
+                    "slurm watcher: taking over, %d failed job(s) still listed: %s",
+                    len(caught),
+                    ", ".join(sorted({s.job_id or "?" for s in caught})[:20]),
+                )
+            for signal in caught:
+                await self._submit(signal)
+            return caught
         at = _now()
         signals, vanished = diff_jobs(prev.jobs, cur.jobs, at)
         signals.extend(diff_nodes(prev, cur.nodes, at))
