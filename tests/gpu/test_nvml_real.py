@@ -95,3 +95,43 @@ def test_init_error_is_typed_without_a_driver(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(pynvml, "nvmlInit", fail)
     with pytest.raises(NvmlError):
         PynvmlBackend().init()
+
+
+def test_nvlink_fields(backend: PynvmlBackend) -> None:
+    """Links read with nvmlDeviceGetNvLinkState: a count and the inactive ones, or None
+    with NVML's reason for a GPU without NVLink."""
+    for index in range(backend.device_count()):
+        gpu = backend.read(index)
+        print(f"gpu {index}: nvlink_links={gpu.nvlink_links} nvlink_down={gpu.nvlink_down}")
+        if gpu.nvlink_links is None:
+            assert gpu.nvlink_down is None and "nvlink" in gpu.unsupported
+        else:
+            assert gpu.nvlink_down is not None
+            assert all(0 <= link < gpu.nvlink_links for link in gpu.nvlink_down)
+
+
+async def test_the_node_health_check_on_real_gpus() -> None:
+    """The quarantine's health check, as the node agent runs it, on this machine: every
+    NVML check is present; on a healthy machine none fails. dcgmi runs where installed."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from trainmedic.domain.health import NodeHealthRequest
+    from trainmedic.health import HealthConfig, NodeHealthChecker
+
+    nvml = PynvmlBackend()
+    nvml.init()
+    count = nvml.device_count()
+    nvml.shutdown()
+    checker = NodeHealthChecker("this-node", PynvmlBackend(), HealthConfig(dcgm_timeout_s=300))
+    request = NodeHealthRequest(
+        node="this-node", nonce=uuid.uuid4().hex, at=datetime.now(UTC), expected_gpus=count
+    )
+    report = await checker.check(request)
+    for check in report.checks:
+        state = "unknown" if check.unknown else "skipped" if check.skipped else check.ok
+        print(f"health {check.name}: {state} - {check.detail}")
+    names = {c.name for c in report.checks}
+    assert {"gpu_count", "row_remap", "ecc", "recovery_action", "nvlink"} <= names
+    assert report.driver_version
+    assert report.healthy, report.detail

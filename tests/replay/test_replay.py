@@ -24,8 +24,17 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 def test_histories_are_present() -> None:
     kinds = {path.name.split("-")[0] for path in HISTORIES}
-    assert kinds == {"recovery", "control"}
+    assert kinds == {"recovery", "control", "quarantine"}
     assert len(HISTORIES) >= 10
+    # Each way a quarantine ends or waits: back when healthy, left alone when an
+    # operator drained it, out while the agent is unreachable, a repeat offender.
+    quarantines = {p.stem for p in HISTORIES if p.name.startswith("quarantine-")}
+    assert {
+        "quarantine-xid79",
+        "quarantine-admin",
+        "quarantine-unreachable",
+        "quarantine-repeat-2",
+    } <= quarantines
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -124,6 +124,10 @@ class _Timeout(_Err):
     pass
 
 
+class _InvalidArgument(_Err):
+    pass
+
+
 def _stand_in(lost: set[int], unsupported: set[str]) -> types.ModuleType:
     """Just enough of pynvml's surface, with per-call failures."""
     m = types.ModuleType("pynvml")
@@ -173,6 +177,19 @@ def _stand_in(lost: set[int], unsupported: set[str]) -> types.ModuleType:
     ns.nvmlDeviceGetTemperature = lambda h, s: call("temp", h, 45)
     ns.nvmlDeviceGetPowerUsage = lambda h: call("power", h, 250500)
     ns.nvmlDeviceGetCurrentClocksEventReasons = lambda h: call("clocks", h, 0x40)
+    ns.NVMLError_InvalidArgument, ns.NVML_NVLINK_MAX_LINKS, ns.NVML_FEATURE_ENABLED = (
+        _InvalidArgument,
+        18,
+        1,
+    )
+
+    def nvlink(h: int, link: int) -> int:
+        # 4 links per GPU; GPU 1's link 2 is down.
+        if link >= 4:
+            raise _InvalidArgument(2)
+        return call("nvlink", h, 0 if (h, link) == (1, 2) else 1)
+
+    ns.nvmlDeviceGetNvLinkState = nvlink
     return m
 
 
@@ -190,6 +207,8 @@ def test_pynvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> No
         assert gpu.recovery_action is RecoveryAction.NODE_REBOOT
         assert gpu.power_w == pytest.approx(250.5)
         assert gpu.throttle_reasons == 0x40 and gpu.unsupported == {}
+        assert (gpu.nvlink_links, gpu.nvlink_down) == (4, [2])
+        assert backend.read(0).nvlink_down == []
         assert backend.xid_events(0) == []
     finally:
         backend.shutdown()
@@ -197,12 +216,15 @@ def test_pynvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_pynvml_backend_unsupported_fields_and_lost_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", _stand_in(lost={1}, unsupported={"rows", "fields"}))
+    monkeypatch.setitem(
+        sys.modules, "pynvml", _stand_in(lost={1}, unsupported={"rows", "fields", "nvlink"})
+    )
     backend = PynvmlBackend()
     backend.init()
     gpu = backend.read(0)
     assert gpu.remapped_rows_failure is None and gpu.recovery_action is None
-    assert set(gpu.unsupported) == {"remapped_rows", "recovery_action"}
+    assert gpu.nvlink_links is None and gpu.nvlink_down is None  # a GPU without NVLink
+    assert set(gpu.unsupported) == {"remapped_rows", "recovery_action", "nvlink"}
     assert gpu.temperature_c == 45  # the rest still read
     lost = backend.read(1)
     assert lost.lost and lost.ecc_uncorrectable_volatile is None

@@ -18,7 +18,14 @@ from trainmedic.activities.errors import slurm_call
 from trainmedic.adapters.slurm.protocol import SlurmBackend
 from trainmedic.config import Policy
 from trainmedic.domain.activity_io import ControlRef, ReserveIsolation, ReserveRestart
-from trainmedic.domain.control import ControlInput, ControlState, IsolationGrant, RestartGrant
+from trainmedic.domain.control import (
+    ControlInput,
+    ControlState,
+    IsolationGrant,
+    OffenseRequest,
+    OffenseVerdict,
+    RestartGrant,
+)
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
 from trainmedic.workflows.planning import is_ours
 
@@ -99,3 +106,38 @@ class ControlActivities:
             request.cluster, ControlWorkflow.reserve_restart, request.request, "restart"
         )
         return grant
+
+
+class ControlOffenseLedger:
+    """The repeat-offender ledger in the cluster's ControlWorkflow (update
+    `record_offense`), started first when the cluster has none yet."""
+
+    def __init__(self, client: Client, policy: Policy, task_queue: str) -> None:
+        self._client = client
+        self._policy = policy
+        self._task_queue = task_queue
+
+    async def record(self, cluster: str, request: OffenseRequest) -> OffenseVerdict:
+        handle = self._client.get_workflow_handle_for(
+            ControlWorkflow.run, control_workflow_id(cluster)
+        )
+        try:
+            return await self._update(handle, request)
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise
+        # The first quarantine on a cluster whose control workflow was never started.
+        await ensure_control(self._client, cluster, self._policy, self._task_queue)
+        return await self._update(handle, request)
+
+    @staticmethod
+    async def _update(handle: Any, request: OffenseRequest) -> OffenseVerdict:
+        try:
+            verdict: OffenseVerdict = await handle.execute_update(
+                ControlWorkflow.record_offense, request
+            )
+        except WorkflowUpdateFailedError as error:
+            raise ApplicationError(
+                f"offense not recorded: {error.cause}", non_retryable=True
+            ) from error
+        return verdict

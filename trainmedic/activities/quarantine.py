@@ -1,139 +1,156 @@
-"""Activities of NodeQuarantineWorkflow: a node health check and a guarded resume."""
+"""Activities of NodeQuarantineWorkflow: assess the node, check its health where it is,
+and a guarded resume."""
 
 from __future__ import annotations
 
-import asyncio
-import stat
-from collections.abc import Callable
+import re
+import secrets
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from trainmedic.adapters.nvml.protocol import NvmlBackend, RecoveryAction
 from trainmedic.adapters.slurm.errors import NoSuchNode, SlurmError
 from trainmedic.adapters.slurm.protocol import SlurmBackend
-from trainmedic.domain.slurm import EffectResult
-from trainmedic.workflows.quarantine import HealthRequest, HealthResult, ResumeRequest
+from trainmedic.domain.control import OffenseRequest, OffenseVerdict
+from trainmedic.domain.health import HealthCheck, NodeHealthReport, NodeHealthRequest
+from trainmedic.domain.slurm import EffectResult, SlurmNode
+from trainmedic.health.probe import AgentUnreachable, NodeHealthProbe
+from trainmedic.workflows.planning import is_ours
+from trainmedic.workflows.quarantine import (
+    Assessment,
+    AssessRequest,
+    HealthCheckRequest,
+    ResumeRequest,
+)
+
+# trainmedic's drain reason: "trainmedic <incident id>: <category>: <detail>".
+_OUR_REASON = re.compile(r"^trainmedic (?P<incident>[A-Za-z0-9._-]+): (?P<category>[a-z_]+)\b")
+# gres entries that are GPUs: "gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:h100:4".
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(?P<count>\d+)")
 
 
-class NodeHealth(Protocol):
-    """Is a node fit to take work again? The real GPU probe comes with the node agent."""
+class OffenseLedger(Protocol):
+    """Where a cluster's repeat offenders are counted (its ControlWorkflow)."""
 
-    async def check(self, node: str) -> HealthResult: ...
-
-
-class SlurmNodeHealth:
-    """The node answers Slurm (not DOWN, not NOT_RESPONDING, no FAIL flag); optionally,
-    its GPU device files exist as character devices (the lab's fake GPUs)."""
-
-    def __init__(
-        self,
-        backend: SlurmBackend,
-        gpu_devices: Callable[[str], list[Path]] | None = None,
-        gpu_health: Callable[[str], NvmlBackend | None] | None = None,
-    ) -> None:
-        self._backend = backend
-        self._gpu_devices = gpu_devices
-        # Where the controller can read a node's NVML (the lab's fake GPUs); on a real
-        # cluster that reading belongs to the node agent, so this stays None there.
-        self._gpu_health = gpu_health
-
-    async def check(self, node: str) -> HealthResult:
-        checks: dict[str, bool] = {}
-        notes: list[str] = []
-        try:
-            info = await self._backend.get_node(node)
-        except NoSuchNode:
-            return HealthResult(
-                node=node,
-                healthy=False,
-                checks={"known": False},
-                detail="unknown to Slurm",
-                at=datetime.now(UTC),
-            )
-        checks["responding"] = not info.is_down and "NOT_RESPONDING" not in info.state_flags
-        if not checks["responding"]:
-            notes.append(f"Slurm has it {info.state_text} ({info.reason or 'no reason'})")
-        if self._gpu_devices is not None:
-            devices = self._gpu_devices(node)
-            missing = [d for d in devices if not _is_char_device(d)]
-            checks["gpu_devices"] = bool(devices) and not missing
-            if missing or not devices:
-                notes.append(f"GPU devices missing: {', '.join(map(str, missing)) or 'none found'}")
-        if self._gpu_health is not None:
-            nvml = self._gpu_health(node)
-            if nvml is not None:
-                bad = await asyncio.to_thread(unhealthy_gpus, nvml)
-                checks["gpus"] = not bad
-                notes.extend(bad)
-        healthy = all(checks.values())
-        return HealthResult(
-            node=node,
-            healthy=healthy,
-            checks=checks,
-            detail="; ".join(notes) or f"ok ({info.state_text})",
-            at=datetime.now(UTC),
-        )
+    async def record(self, cluster: str, request: OffenseRequest) -> OffenseVerdict: ...
 
 
-def unhealthy_gpus(nvml: NvmlBackend) -> list[str]:
-    """What NVML says is wrong with this node's GPUs (empty: nothing)."""
-    problems: list[str] = []
-    nvml.init()
-    try:
-        for index in range(nvml.device_count()):
-            gpu = nvml.read(index)
-            if gpu.lost:
-                problems.append(f"gpu {index} lost (fallen off the bus)")
-            if gpu.ecc_uncorrectable_volatile:
-                problems.append(f"gpu {index} {gpu.ecc_uncorrectable_volatile} uncorrectable ECC")
-            if gpu.remapped_rows_failure:
-                problems.append(f"gpu {index} row remapping failed")
-            if gpu.recovery_action not in (None, RecoveryAction.NONE):
-                problems.append(f"gpu {index} driver asks for {gpu.recovery_action.value}")
-    finally:
-        nvml.shutdown()
-    return problems
+def gres_gpus(gres: str | None) -> int | None:
+    """The node's GPU count from Slurm's gres; None when it names no GPUs."""
+    if not gres:
+        return None
+    counts = [int(m["count"]) for m in _GPU_GRES.finditer(gres.replace(" ", ""))]
+    return sum(counts) if counts else None
 
 
-def _is_char_device(path: Path) -> bool:
-    try:
-        return stat.S_ISCHR(path.stat().st_mode)
-    except OSError:
-        return False
+def parse_reason(reason: str | None) -> tuple[str | None, str | None]:
+    """(incident id, category) from trainmedic's drain reason."""
+    match = _OUR_REASON.match(reason or "")
+    return (match["incident"], match["category"]) if match else (None, None)
 
 
-def lab_gpu_devices(gpu_root: Callable[[str], Path]) -> Callable[[str], list[Path]]:
-    """The lab's fake GPUs: `<lab>/dev/<node>/nvidiaN` (see trainmedic/lab/layout.py)."""
-
-    def devices(node: str) -> list[Path]:
-        folder = gpu_root(node)
-        return sorted(folder.glob("nvidia[0-9]*")) if folder.is_dir() else []
-
-    return devices
+def _slurm_check(info: SlurmNode) -> HealthCheck:
+    flags = set(info.state_flags)
+    bad = info.state == "DOWN" or flags & {"NOT_RESPONDING", "FAIL"}
+    return HealthCheck(
+        name="slurm",
+        ok=not bad,
+        detail=(
+            f"Slurm has it {info.state_text} ({info.reason or 'no reason'})"
+            if bad
+            else f"slurmd responds ({info.state_text})"
+        ),
+    )
 
 
 class QuarantineActivities:
-    def __init__(self, backend: SlurmBackend, health: NodeHealth) -> None:
+    def __init__(
+        self, backend: SlurmBackend, probe: NodeHealthProbe, ledger: OffenseLedger
+    ) -> None:
         self._backend = backend
-        self._health = health
+        self._probe = probe
+        self._ledger = ledger
 
-    @activity.defn(name="quarantine_check_health")
-    async def check_health(self, request: HealthRequest) -> HealthResult:
+    async def _node(self, node: str) -> SlurmNode:
         try:
-            return await self._health.check(request.node)
+            return await self._backend.get_node(node)
+        except NoSuchNode as error:
+            raise ApplicationError(
+                f"{node} is unknown to Slurm", type="NoSuchNode", non_retryable=True
+            ) from error
         except SlurmError as error:
             if error.retryable:
                 raise
-            return HealthResult(
-                node=request.node,
-                healthy=False,
-                detail=f"health check failed: {error}",
-                at=datetime.now(UTC),
+            raise ApplicationError(
+                f"reading {node}: {error}", type=type(error).__name__, non_retryable=True
+            ) from error
+
+    @activity.defn(name="quarantine_assess")
+    async def assess(self, request: AssessRequest) -> Assessment:
+        """Is the node still out, by trainmedic's drain? If so, count this quarantine."""
+        try:
+            info = await self._node(request.node)
+        except ApplicationError as error:
+            if error.type != "NoSuchNode":
+                raise
+            # Removed from slurm.conf: nothing to hold out, nothing to resume.
+            return Assessment(node=request.node, state="UNKNOWN", out=False, ours=False)
+        out = info.drain_flag or info.is_down
+        ours = out and is_ours(info.reason)
+        incident, category = parse_reason(info.reason) if ours else (None, None)
+        offense = None
+        if ours and request.record:
+            offense = await self._ledger.record(
+                request.cluster,
+                OffenseRequest(
+                    node=request.node,
+                    episode=request.episode,
+                    incident_id=incident,
+                    category=category,
+                    reason=info.reason,
+                ),
             )
+        return Assessment(
+            node=request.node,
+            state=info.state_text,
+            out=out,
+            ours=ours,
+            reason=info.reason,
+            reason_user=info.reason_user,
+            incident_id=incident,
+            category=category,
+            offense=offense,
+        )
+
+    @activity.defn(name="quarantine_check_health")
+    async def check_health(self, request: HealthCheckRequest) -> NodeHealthReport:
+        """Slurm's view (responding) and the node's own checks through the probe. An
+        agent that gives no believable answer fails the `agent` check: the report says
+        so, and the node stays out."""
+        info = await self._node(request.node)
+        slurm = _slurm_check(info)
+        probe_request = NodeHealthRequest(
+            node=request.node,
+            nonce=secrets.token_hex(16),
+            at=datetime.now(UTC),
+            expected_gpus=gres_gpus(info.gres),
+            ecc_baseline=request.ecc_baseline,
+        )
+        try:
+            report = await self._probe.check(probe_request)
+        except AgentUnreachable as error:
+            activity.logger.warning("health of %s: %s", request.node, error)
+            return NodeHealthReport.of(
+                request.node,
+                [slurm, HealthCheck(name="agent", ok=False, detail=str(error))],
+                datetime.now(UTC),
+                reachable=False,
+            )
+        return report.model_copy(
+            update={"checks": [slurm, *report.checks], "healthy": report.healthy and slurm.ok}
+        )
 
     @activity.defn(name="quarantine_resume_node")
     async def resume_node(self, request: ResumeRequest) -> EffectResult:

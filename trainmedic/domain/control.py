@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from trainmedic.config import Policy
+from trainmedic.config import Policy, QuarantinePolicy
 from trainmedic.domain.enums import Mode
 
 
@@ -36,6 +36,18 @@ class RestartRecord(BaseModel):
     at: datetime
 
 
+class Offense(BaseModel):
+    """A node trainmedic drained and quarantined: one entry per quarantine (episode),
+    whatever the number of reports or incidents about that one failure."""
+
+    node: str
+    episode: str  # the quarantine's first run id
+    incident_id: str | None = None  # from trainmedic's drain reason
+    category: str | None = None
+    reason: str | None = None
+    at: datetime
+
+
 class ControlState(BaseModel):
     cluster: str
     mode: Mode
@@ -46,6 +58,8 @@ class ControlState(BaseModel):
     isolations: list[Isolation] = Field(default_factory=list)
     drains: list[Isolation] = Field(default_factory=list)
     restarts: list[RestartRecord] = Field(default_factory=list)
+    # Repeat offenders: the quarantines of the policy's window (rails.record_offense).
+    offenses: list[Offense] = Field(default_factory=list)
 
 
 class ControlInput(BaseModel):
@@ -100,3 +114,24 @@ class RestartGrant(BaseModel):
     reason: str
     restarts_without_progress: int = 0
     budget: int = 0
+
+
+class OffenseRequest(BaseModel):
+    node: str
+    episode: str
+    incident_id: str | None = None
+    category: str | None = None
+    reason: str | None = None
+
+
+class OffenseVerdict(BaseModel):
+    """How often the node was implicated within the window; `repeat`: it stays out until
+    a person releases it. Carries the quarantine policy the verdict was made under."""
+
+    repeat: bool
+    count: int
+    limit: int
+    window: timedelta
+    offenses: list[Offense] = Field(default_factory=list)  # this node's, oldest first
+    policy: QuarantinePolicy = QuarantinePolicy()
+    policy_version: str | None = None

@@ -20,6 +20,8 @@ with workflow.unsafe.imports_passed_through():
         IsolationGrant,
         IsolationRequest,
         ModeChange,
+        OffenseRequest,
+        OffenseVerdict,
         RestartGrant,
         RestartRequest,
         SetModeRequest,
@@ -27,7 +29,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from trainmedic.domain.enums import Mode
     from trainmedic.temporal.search_attributes import TM_CLUSTER, TM_MODE
-    from trainmedic.workflows.rails import confirm_isolation, grant_isolation, grant_restart
+    from trainmedic.workflows.rails import (
+        confirm_isolation,
+        grant_isolation,
+        grant_restart,
+    )
+    from trainmedic.workflows.rails import record_offense as count_offense
 
 BREAKER = "trainmedic:breaker"
 
@@ -153,6 +160,16 @@ class ControlWorkflow:
     def reserve_restart(self, request: RestartRequest) -> RestartGrant:
         return grant_restart(self.state, request, workflow.now())
 
+    @workflow.update
+    def record_offense(self, request: OffenseRequest) -> OffenseVerdict:
+        """A node trainmedic drained is in quarantine: count it (rails.record_offense)."""
+        return count_offense(self.state, request, workflow.now())
+
+    @record_offense.validator
+    def _check_record_offense(self, request: OffenseRequest) -> None:
+        if not request.node.strip() or not request.episode.strip():
+            raise ValueError("an offense names its node and its quarantine (episode)")
+
     # -- helpers ------------------------------------------------------------------------
 
     def _trip(self, reason: str, now: datetime) -> None:
@@ -183,6 +200,8 @@ class ControlWorkflow:
         # reservation's Slurm read shows the node back (rails.reconcile_isolations).
         state.drains = [d for d in state.drains if d.at >= now - timedelta(hours=1)]
         state.restarts = [r for r in state.restarts if r.at >= now - rails.restart_window]
+        window = state.policy.quarantine.repeat_offender_window
+        state.offenses = [o for o in state.offenses if o.at >= now - window]
         state.changes = state.changes[-50:]
 
     def _describe(self) -> None:

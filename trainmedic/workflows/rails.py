@@ -14,6 +14,9 @@ from trainmedic.domain.control import (
     Isolation,
     IsolationGrant,
     IsolationRequest,
+    Offense,
+    OffenseRequest,
+    OffenseVerdict,
     RestartGrant,
     RestartRecord,
     RestartRequest,
@@ -161,4 +164,35 @@ def grant_restart(state: ControlState, request: RestartRequest, now: datetime) -
         reason=f"restart {len(without_progress) + 1} of {rails.restart_budget}",
         restarts_without_progress=len(without_progress) + 1,
         budget=rails.restart_budget,
+    )
+
+
+def record_offense(state: ControlState, request: OffenseRequest, now: datetime) -> OffenseVerdict:
+    """Record one quarantine of a node trainmedic drained (idempotent per episode) and
+    say whether the node is a repeat offender: implicated in at least
+    `repeat_offender_incidents` quarantines within `repeat_offender_window`."""
+    policy = state.policy.quarantine
+    window = policy.repeat_offender_window
+    state.offenses = [o for o in state.offenses if o.at >= now - window]
+    if not any(o.node == request.node and o.episode == request.episode for o in state.offenses):
+        state.offenses.append(
+            Offense(
+                node=request.node,
+                episode=request.episode,
+                incident_id=request.incident_id,
+                category=request.category,
+                reason=request.reason,
+                at=now,
+            )
+        )
+    mine = [o for o in state.offenses if o.node == request.node]
+    limit = policy.repeat_offender_incidents
+    return OffenseVerdict(
+        repeat=limit > 0 and len(mine) >= limit,
+        count=len(mine),
+        limit=limit,
+        window=window,
+        offenses=mine,
+        policy=policy,
+        policy_version=state.policy.version,
     )

@@ -30,6 +30,8 @@ def _healthy(index: int) -> GpuHealth:
         temperature_c=40,
         power_w=90.0,
         throttle_reasons=0,
+        nvlink_links=18,
+        nvlink_down=[],
     )
 
 

@@ -54,6 +54,10 @@ class GpuHealth(BaseModel):
     temperature_c: int | None = None
     power_w: float | None = None
     throttle_reasons: int | None = None  # nvmlClocksEventReason bit mask
+    # NVLink: how many links the GPU has, and which of them are not active. None: the
+    # GPU has no NVLink (or the driver cannot say), so there is nothing to check.
+    nvlink_links: int | None = None
+    nvlink_down: list[int] | None = None
     unsupported: dict[str, str] = Field(default_factory=dict)  # field -> NVML's reason
 
 

@@ -183,6 +183,7 @@ class PynvmlBackend:
         )
         power = get("power_w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
         throttle = get("throttle_reasons", lambda: self._throttle(handle))
+        links = get("nvlink", lambda: self._nvlinks(handle))
         return GpuHealth(
             index=index,
             uuid=uuid,
@@ -197,6 +198,8 @@ class PynvmlBackend:
             temperature_c=temperature,
             power_w=power,
             throttle_reasons=throttle,
+            nvlink_links=links[0] if links is not None else None,
+            nvlink_down=links[1] if links is not None else None,
             unsupported=unsupported,
         )
 
@@ -208,6 +211,28 @@ class PynvmlBackend:
             # Field-level failure (older driver): surface it like a call failure.
             raise nvml.NVMLError(value.nvmlReturn)
         return int(value.value.uiVal)
+
+    def _nvlinks(self, handle: Any) -> tuple[int, list[int]]:
+        """(links the GPU has, the ones not active). A GPU without NVLink answers
+        NotSupported for link 0 (raised: the field is unsupported, not failed); past
+        its last link NVML answers InvalidArgument or NotSupported."""
+        nvml = self._lib()
+        past_the_end = (
+            nvml.NVMLError_NotSupported,
+            getattr(nvml, "NVMLError_InvalidArgument", nvml.NVMLError_NotSupported),
+        )
+        count, down = 0, []
+        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except past_the_end:
+                if link == 0:
+                    raise
+                break
+            count += 1
+            if state != nvml.NVML_FEATURE_ENABLED:
+                down.append(link)
+        return count, down
 
     def _throttle(self, handle: Any) -> int:
         nvml = self._lib()
