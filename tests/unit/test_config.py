@@ -260,8 +260,11 @@ def test_an_api_key_turns_tls_on_and_says_why(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_client_certificates_turn_tls_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_TLS_CERT", str(tmp_path / "c.pem"))
-    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_TLS_KEY", str(tmp_path / "k.pem"))
+    from tests.fixtures.tls import make_pki
+
+    pki = make_pki(tmp_path)  # the files are checked at start-up: real ones
+    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_TLS_CERT", str(pki.client.cert))
+    monkeypatch.setenv("TRAINMEDIC_TEMPORAL_TLS_KEY", str(pki.client.key))
     assert load_settings().temporal_tls is True
 
 

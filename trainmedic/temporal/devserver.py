@@ -63,10 +63,20 @@ class DevServerStatus(BaseModel):
 class DevServer:
     """Start, find, check and stop our dev server. Safe to call from any process."""
 
-    def __init__(self, state_dir: Path, port: int = 7233, ui_port: int = 8233) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        port: int = 7233,
+        ui_port: int = 8233,
+        *,
+        search_attributes: bool = True,
+    ) -> None:
         self.state_dir = state_dir
         self.port = port
         self.ui_port = ui_port
+        # Off: a bare namespace, as a production Temporal starts (`trainmedic setup
+        # temporal` and the worker's refusal are tested against one).
+        self.search_attributes = search_attributes
         self.db_file = state_dir / "temporal.db"
         self.pid_file = state_dir / "temporal.pid"
         self.log_file = state_dir / "temporal.log"
@@ -103,7 +113,7 @@ class DevServer:
             "--log-level",
             "warn",
         ]
-        for name, kind in REQUIRED.items():
+        for name, kind in REQUIRED.items() if self.search_attributes else ():
             argv += ["--search-attribute", f"{name}={kind}"]
         return argv
 
