@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import Protocol, runtime_checkable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -22,6 +23,7 @@ from trainmedic.domain.activity_io import (
     VerifyRequest,
     VerifyResult,
 )
+from trainmedic.domain.enums import Category
 from trainmedic.domain.incident import EffectKind, EffectStatus, PlannedEffect
 from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode
 from trainmedic.workflows.planning import OUR_REASON_PREFIX, is_ours
@@ -93,6 +95,16 @@ class SlurmActivities:
                     "left as it is, and kept out of the job"
                 ),
             )
+        if (
+            _isolates_dead_node(effect)
+            and not node.is_down
+            and isinstance(self._slurm, MarksNodesDown)
+        ):
+            # A dead node cannot drain: its jobs would stay COMPLETING until Slurm's
+            # SlurmdTimeout (minutes). DOWN is Slurm's own verdict, given now.
+            result = await slurm_call(self._slurm.down_node(node.name, effect.reason))
+            status = EffectStatus.APPLIED if result.changed else EffectStatus.ALREADY_TRUE
+            return EffectOutcome(status=status, note=result.detail, results=[result])
         if node.drain_flag:
             return EffectOutcome(
                 status=EffectStatus.ALREADY_TRUE,
@@ -233,6 +245,19 @@ class SlurmActivities:
             )
             parts.append(f"node {name} {node.state_text}{mine}")
         return ConsistencyReport(summary="; ".join(parts) or "nothing to check", results=results)
+
+
+@runtime_checkable
+class MarksNodesDown(Protocol):
+    """A backend that can mark a dead node DOWN (the CLI backend; others may not yet)."""
+
+    async def down_node(self, name: str, reason: str) -> EffectResult: ...
+
+
+def _isolates_dead_node(effect: PlannedEffect) -> bool:
+    """The isolation of a node_down culprit: the node is dead, not merely suspect (the
+    reason is `planning.slurm_reason`: "trainmedic <incident>: <category>: ...")."""
+    return f": {Category.NODE_DOWN.value}: " in effect.reason
 
 
 def _target(value: str | None, effect: PlannedEffect) -> str:

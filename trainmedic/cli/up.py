@@ -104,6 +104,17 @@ def up(
             with console.status(f"starting the Slurm lab ({nodes} nodes x {gpus} GPUs)..."):
                 lab_status = lab.up(nodes=nodes, gpus=gpus)
             config = config.model_copy(update={"slurm_conf": lab.slurm_conf})
+            if "agent_channel" not in config.model_fields_set:
+                # The lab's node agents push to the controller over the agent channel.
+                from trainmedic.lab.agents import ensure_key
+
+                listen = config.agent_listen
+                if "agent_listen" not in config.model_fields_set:
+                    listen = "127.0.0.1:0"  # any free port: the lab's agents are told it
+                key = config.agent_key_file or config.spool_key_file or ensure_key(lab)
+                config = config.model_copy(
+                    update={"agent_channel": True, "agent_key_file": key, "agent_listen": listen}
+                )
             node_names = ", ".join(n.name for n in lab_status.nodes)
         else:
             node_names = "(configured Slurm)"

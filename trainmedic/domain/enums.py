@@ -54,6 +54,9 @@ class EvidenceSource(StrEnum):
     SLURM = "slurm"
     NVML = "nvml"
     OPERATOR = "operator"
+    # The controller's own observation: a node's authenticated agent fell silent and the
+    # node's slurmd did not answer the controller (or Slurm agreed). See channel/liveness.
+    AGENT_HEARTBEAT = "agent_heartbeat"
 
 
 class Stage(StrEnum):

@@ -17,6 +17,13 @@ same path the Slurm epilog's `trainmedic report` can use when the controller is
 unreachable). A direct Temporal client is the controller's job: the agent
 does not know which job a node signal belongs to (`job_id` is None, `nodes=[node]`); the
 controller's router maps it to the jobs on that node.
+
+With `--controller HOST:PORT` the agent pushes each finding to the controller's agent
+channel instead (`trainmedic.channel`), beats every `--heartbeat` seconds (2 s) and
+answers the controller's probe on `--listen`; `--spool` is then its own fallback: a
+finding the controller cannot take is kept there and sent, oldest first, once the
+controller answers again. Requests are signed with the node's key, derived from the
+site key (`--key-file`), or given as is (`--node-key-file`).
 """
 
 from __future__ import annotations
@@ -30,9 +37,21 @@ import uuid
 from pathlib import Path
 
 from trainmedic.adapters.nvml import FakeNvml, NvmlBackend, PynvmlBackend
+from trainmedic.channel.client import (
+    AgentChannel,
+    ChannelClient,
+    ChannelSink,
+    ProbeListener,
+    parse_address,
+)
+from trainmedic.channel.wire import node_key
+from trainmedic.config import load_settings
 from trainmedic.domain.enums import EvidenceSource
+from trainmedic.domain.health import HEALTH_PATH
 from trainmedic.domain.hostlist import HostlistError, validate_node_name
 from trainmedic.domain.incident import IncidentSignal
+from trainmedic.health.agent import build_health_endpoint
+from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.node import CommandSource, FileTail, KernelSource, KmsgSource, NodeAgent
 from trainmedic.watchers.spoolfile import KEY_FILE_ENV, load_key, safe_name, write_spool_file
 
@@ -121,24 +140,80 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get(KEY_FILE_ENV) or None,
         help=f"site key to sign spool files with (default: ${KEY_FILE_ENV})",
     )
+    parser.add_argument(
+        "--controller", default=None, help="HOST:PORT of the controller's agent channel"
+    )
+    parser.add_argument(
+        "--node-key-file",
+        type=Path,
+        default=None,
+        help="this node's channel key (instead of deriving it from --key-file)",
+    )
+    parser.add_argument("--heartbeat", type=float, default=2.0, help="seconds between beats")
+    parser.add_argument(
+        "--listen", default="0.0.0.0:8791", help="HOST:PORT of the probe listener (port 0: any)"
+    )
     return parser.parse_args(argv)
 
 
+def channel_key(args: argparse.Namespace) -> bytes:
+    """The key this node signs channel requests with."""
+    if args.node_key_file:
+        return load_key(args.node_key_file)
+    if args.key_file:
+        return node_key(load_key(args.key_file), args.node)
+    raise SystemExit("--controller needs --key-file (the site key) or --node-key-file")
+
+
 async def run(args: argparse.Namespace) -> None:
-    agent = NodeAgent(
-        args.node,
-        SpoolSink(args.spool, key=load_key(args.key_file) if args.key_file else None),
-        kernel=kernel_source(args.kernel),
-        nvml=nvml_backend(args.nvml),
-        kernel_interval=args.kernel_interval,
-        nvml_interval=args.nvml_interval,
-    )
+    site_key = load_key(args.key_file) if args.key_file else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    tasks = []
+    probe: ProbeListener | None = None
+    sink: SignalSink
+    nvml = nvml_backend(args.nvml)
+    if args.controller:
+        agent_id = uuid.uuid4().hex
+        client = ChannelClient(args.controller, args.node, channel_key(args))
+        channel_sink = ChannelSink(client, args.spool, agent_id=agent_id, spool_key=site_key)
+        host, port = parse_address(args.listen)
+        probe = ProbeListener(args.node, agent_id, host, port)
+        # The quarantine's health check asks here (GET /health), answered with this
+        # node's GPUs and signed with the node's key, like everything else it sends.
+        probe.mount(
+            HEALTH_PATH,
+            build_health_endpoint(args.node, nvml, load_settings(), key=channel_key(args)),
+        )
+        probe_port = await probe.start()
+        channel = AgentChannel(channel_sink, interval=args.heartbeat, probe_port=probe_port)
+        tasks.append(channel.run(stop))
+        sink = channel_sink
+        log.info(
+            "node agent for %s: controller %s, beat every %g s, probe port %d",
+            args.node,
+            args.controller,
+            args.heartbeat,
+            probe_port,
+        )
+    else:
+        sink = SpoolSink(args.spool, key=site_key)
+    agent = NodeAgent(
+        args.node,
+        sink,
+        kernel=kernel_source(args.kernel),
+        nvml=nvml,
+        kernel_interval=args.kernel_interval,
+        nvml_interval=args.nvml_interval,
+    )
     log.info("node agent for %s: kernel %s, nvml %s", args.node, args.kernel, args.nvml)
-    await agent.run(stop)
+    try:
+        await asyncio.gather(agent.run(stop), *tasks)
+    finally:
+        if probe is not None:
+            await probe.close()
 
 
 def main(argv: list[str] | None = None) -> None:

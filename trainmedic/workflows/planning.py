@@ -15,8 +15,17 @@ OUR_REASON_PREFIX = "trainmedic"
 # Sources whose word may take a node out of service (DESIGN.md "Trust and identity"):
 # the node agent (kernel log, NVML), Slurm itself, an operator. A job's own output is
 # written by its user and justifies restarts, stops and escalations, never a drain.
+# AGENT_HEARTBEAT is the controller's own observation, not a report anyone can write: a
+# node's authenticated agent fell silent *and* the node's slurmd did not answer the
+# controller's probes (or Slurm agreed); what Slurm concludes after SlurmdTimeout.
 TRUSTED_SOURCES = frozenset(
-    {EvidenceSource.KERNEL, EvidenceSource.NVML, EvidenceSource.SLURM, EvidenceSource.OPERATOR}
+    {
+        EvidenceSource.KERNEL,
+        EvidenceSource.NVML,
+        EvidenceSource.SLURM,
+        EvidenceSource.OPERATOR,
+        EvidenceSource.AGENT_HEARTBEAT,
+    }
 )
 # Signals that say a job is failing, as opposed to a line its output printed.
 _EVIDENCE_ONLY_SIGNALS = frozenset({"log_match"})

@@ -171,6 +171,31 @@ class SlurmCli:
             after=after.state_text,
         )
 
+    async def down_node(self, name: str, reason: str) -> EffectResult:
+        """Mark a dead node DOWN. A drained dead node keeps its jobs COMPLETING until
+        Slurm's own SlurmdTimeout (seen in the lab with 300 s); DOWN is what Slurm does
+        then, and it requeues the node's batch jobs at once."""
+        name = _validate_node(name)
+        reason = _validate_text("down reason", reason)
+        node = await self.get_node(name)
+        if node.is_down:
+            return EffectResult(
+                changed=False,
+                detail=f"{name} already down (reason: {node.reason or 'none'}); reason kept",
+                before=node.state_text,
+                after=node.state_text,
+            )
+        argv = ["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}"]
+        await self._run(argv)
+        after = await self.get_node(name)
+        return EffectResult(
+            command=argv,
+            changed=True,
+            detail=f"{name} set DOWN: {reason}",
+            before=node.state_text,
+            after=after.state_text,
+        )
+
     async def resume_node(
         self, name: str, *, only_if_reason_contains: str | None = None
     ) -> EffectResult:
