@@ -7,6 +7,7 @@ pytest_plugins = [
     "tests.fixtures.lab",
     "tests.fixtures.controller",
     "tests.fixtures.ssh",
+    "tests.fixtures.pyslurm",
 ]
 
 

@@ -1,14 +1,17 @@
 """The contract every Slurm backend passes, on the real lab: the same tests for Slurm's
-commands run locally and run over SSH (a real sshd on loopback, as root to localhost).
+commands run locally and run over SSH (a real sshd on loopback, as root to localhost),
+and for pyslurm (libslurm in this process) on a lab of Slurm 25.11, the only release
+PyPI's pyslurm builds for.
 
 The cases live in tests/integration/slurm_backend_cases.py (reads, every effect with its
 idempotence, typed errors for unknown jobs and nodes); imported here, each runs once per
-backend through the `slurm` fixture below. A new backend (pyslurm) joins BACKENDS.
+backend through the `slurm` fixture below. The pyslurm runs skip, saying why, where the
+25.11 build or pyslurm is missing (`make test-pyslurm` provides both and forbids the skip).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -22,7 +25,7 @@ from tests.integration.slurm_backend_cases import (
     test_unknown_job_and_node_raise_typed_errors,
     test_version_and_reads,
 )
-from trainmedic.adapters.slurm import LocalRunner, SlurmCli, SshRunner
+from trainmedic.adapters.slurm import LocalRunner, SlurmBackend, SlurmCli, SshRunner
 from trainmedic.lab import Lab
 
 pytestmark = pytest.mark.integration
@@ -37,7 +40,7 @@ __all__ = [
     "test_version_and_reads",
 ]
 
-BACKENDS = ["local", "ssh"]
+BACKENDS = ["local", "ssh", "pyslurm"]
 
 
 @pytest.fixture(scope="session")
@@ -48,15 +51,30 @@ async def ssh_lab_runner(slurm_lab: Lab, ssh_server: SshServer) -> AsyncIterator
     await runner.close()
 
 
+@pytest.fixture
+def clean_lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
+    """The lab of the test's backend, clean: the system's Slurm for the command-line
+    backends, Slurm 25.11 for pyslurm (this module's override of the shared fixture)."""
+    callspec = getattr(request.node, "callspec", None)
+    backend = callspec.params.get("slurm") if callspec is not None else None
+    lab: Lab = request.getfixturevalue("slurm25_lab" if backend == "pyslurm" else "slurm_lab")
+    lab.reset()
+    yield lab
+    lab.reset()
+
+
 @pytest.fixture(params=BACKENDS)
-def slurm(request: pytest.FixtureRequest, clean_lab: Lab) -> SlurmCli:
+def slurm(request: pytest.FixtureRequest, clean_lab: Lab) -> SlurmBackend:
+    if request.param == "pyslurm":
+        backend: SlurmBackend = request.getfixturevalue("pyslurm_backend")
+        return backend
     if request.param == "ssh":
         runner = request.getfixturevalue("ssh_lab_runner")
         return SlurmCli(runner, timeout=30)
     return SlurmCli(LocalRunner(env=clean_lab.env_overrides()), timeout=30)
 
 
-async def test_reads_match_what_slurm_says_locally(clean_lab: Lab, slurm: SlurmCli) -> None:
+async def test_reads_match_what_slurm_says_locally(clean_lab: Lab, slurm: SlurmBackend) -> None:
     local = SlurmCli(LocalRunner(env=clean_lab.env_overrides()), timeout=30)
     nodes = await slurm.list_nodes()
     assert [n.name for n in nodes] == [n.name for n in await local.list_nodes()]

@@ -8,7 +8,7 @@ plus *flags* (REQUEUE_HOLD, DRAIN, NOT_RESPONDING).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainmedic.domain.diagnosis import SlurmObservation
 
@@ -34,6 +34,24 @@ JOB_FINISHED_STATES: frozenset[str] = JOB_BASE_STATES - {"PENDING", "RUNNING", "
 # Base node states (NODE_STATE_BASE); DRAIN, NOT_RESPONDING, ... are flags.
 NODE_BASE_STATES: frozenset[str] = frozenset(
     {"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE"}
+)
+
+# States a node's reason explains (what `sinfo -R` lists): base DOWN, or these flags.
+NODE_REASON_FLAGS: frozenset[str] = frozenset(
+    {
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "FAIL",
+        "FAILING",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "POWER_DOWN",
+        "POWERING_DOWN",
+        "POWERED_DOWN",
+        "MAINTENANCE",
+        "INVALID_REG",
+    }
 )
 
 # Pending reasons that mean "held": a released job loses them.
@@ -167,6 +185,20 @@ class SlurmNode(BaseModel):
     gres: str | None = None
     cpus: int | None = None
     hostname: str | None = None
+
+    @model_validator(mode="after")
+    def _reason_only_while_it_applies(self) -> SlurmNode:
+        # Slurm 25.11 keeps a node's last reason after `State=RESUME` (22.05 clears it;
+        # seen in the lab with scontrol and pyslurm alike). Like `sinfo -R`, count a
+        # reason only while the node is down, drained, failing, rebooting or powered
+        # down: else a healthy node would carry a stale "Xid 79" into attribution.
+        if self.reason is not None and not (
+            self.state in {"DOWN", "UNKNOWN", "ERROR", "FUTURE"}
+            or NODE_REASON_FLAGS & set(self.state_flags)
+        ):
+            self.reason = None
+            self.reason_user = None
+        return self
 
     @property
     def state_text(self) -> str:
