@@ -4,13 +4,15 @@
 # distribution's own services (slurm, munge, sshd): the lab and the tests run their own.
 set -euo pipefail
 
-# binary:package - the Slurm lab, the SSH-mode tests' own sshd on loopback, and
-# systemd-analyze for verifying the units in deploy/systemd.
+# binary:package - the Slurm lab, the SSH-mode tests' own sshd on loopback,
+# systemd-analyze for verifying the units in deploy/systemd, and chromium for the test
+# that approves in the Temporal UI (Playwright drives Debian's browser: no download).
 needs=(
   slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client scontrol:slurm-client
   sbatch:slurm-client munged:munge
   sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client
   systemd-analyze:systemd
+  chromium:chromium
 )
 
 missing=()

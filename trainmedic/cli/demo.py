@@ -3,6 +3,13 @@
 Stack and lab up, a training job running, a fault injected on one of its nodes, and a
 timeline as trainmedic detects, attributes, drains, requeues, and the job resumes from
 its checkpoint. Stops what it started when done.
+
+Each run tells only its own story. The dev server's database outlives a demo, and so
+would the quarantine of the node the last demo drained (its cool-down fires minutes
+later, in the middle of the next story) and the fault it injected (the node's fake GPU
+stays "lost"). So a demo starts by closing the quarantines and incidents earlier demos
+left open on the lab's cluster, clearing injected faults and putting every lab node
+back in service; and it closes its own before it ends (unless --keep).
 """
 
 from __future__ import annotations
@@ -11,13 +18,15 @@ import asyncio
 import contextlib
 import logging
 import re
+import shlex
 import time
 import uuid
 from datetime import timedelta
 
 import typer
+from rich.markup import escape
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from trainmedic.cli.common import console, dev_server, settings
 from trainmedic.config import Settings, load_policy
@@ -30,15 +39,25 @@ from trainmedic.lab.faults import Fault
 from trainmedic.lab.workload import (
     TrainingSpec,
     checkpoint_dir,
+    clear_faults,
     inject,
     job_output,
-    reset_nodes,
+    lab_nodes,
     submit_training,
 )
 from trainmedic.temporal.client import connect
 from trainmedic.workers.controller import run_controller
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
 from trainmedic.workflows.recovery import RecoveryWorkflow, incident_workflow_id
+
+logger = logging.getLogger(__name__)
+
+DEMO = "trainmedic demo"
+LEFT_BEFORE = (
+    f"closed by {DEMO}: left open by an earlier demo of this lab cluster; "
+    "each demo starts from a clean slate"
+)
+DEMO_OVER = f"closed by {DEMO}: the demo is over and its lab is reset"
 
 
 class Timeline:
@@ -62,6 +81,72 @@ async def _wait(what: str, probe: object, timeout: float) -> None:
             return
         await asyncio.sleep(0.3)
     raise TrainmedicError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
+
+
+async def _close_demo_workflows(
+    client: Client, cluster: str, nodes: list[str], reason: str
+) -> list[str]:
+    """Terminate the cluster's open incidents and node quarantines: the demo's own.
+
+    Terminated, not cancelled: no worker needs to run for it, nothing of theirs runs
+    afterwards, and the reason shows in the UI and the history. Slurm is put back by
+    the lab reset that follows, not by them. Returns the workflow ids closed.
+    """
+    # By the cluster's search attribute; by id for one that never ran its first task
+    # (it has no attributes yet), matching this cluster only, not `<cluster>-x`. Cluster
+    # names are letters, digits, '.', '_' and '-' (Settings), safe inside the quotes.
+    node_ids = {f"node-{cluster}-{node}" for node in nodes}
+    incident_id = re.compile(rf"incident-{re.escape(cluster)}-[^-]+-\d+")
+    query = (
+        "ExecutionStatus = 'Running' AND "
+        "WorkflowType IN ('NodeQuarantineWorkflow', 'RecoveryWorkflow') AND "
+        f"(TmCluster = '{cluster}' OR WorkflowId STARTS_WITH 'node-{cluster}-' OR "
+        f"WorkflowId STARTS_WITH 'incident-{cluster}-')"
+    )
+    closed = []
+    async for execution in client.list_workflows(query):
+        ours = execution.search_attributes.get("TmCluster") == [cluster] or (
+            "TmCluster" not in execution.search_attributes
+            and (execution.id in node_ids or incident_id.fullmatch(execution.id) is not None)
+        )
+        if not ours:
+            continue
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        try:
+            await handle.terminate(reason=reason)
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:  # closed meanwhile: fine
+                raise
+            continue
+        logger.info("%s %s (%s)", reason, execution.id, execution.workflow_type)
+        closed.append(execution.id)
+    return closed
+
+
+def _say_closed(closed: list[str], why: str) -> str:
+    quarantines = sum(1 for c in closed if c.startswith("node-"))
+    incidents = len(closed) - quarantines
+    parts = [
+        f"{n} {what}{'' if n == 1 else 's'}"
+        for n, what in ((quarantines, "node quarantine"), (incidents, "incident"))
+        if n
+    ]
+    return f"closed {' and '.join(parts)} {why}"
+
+
+async def _clean_slate(client: Client, cluster: str, lab: Lab) -> None:
+    """What earlier demos left: open workflows, injected faults, nodes out of service."""
+    nodes = lab_nodes(lab)
+    closed = await _close_demo_workflows(client, cluster, nodes, LEFT_BEFORE)
+    faulty = await asyncio.to_thread(clear_faults, lab)
+    await asyncio.to_thread(lab.reset)
+    done = []
+    if closed:
+        done.append(_say_closed(closed, "left open by an earlier demo"))
+    if faulty:
+        done.append(f"cleared the faults injected on {', '.join(faulty)}")
+    if done:
+        console.print(f"[dim]clean slate: {'; '.join(done)}[/]")
 
 
 async def _follow(
@@ -101,9 +186,15 @@ async def _follow(
             if key in shown_effects or effect.status is EffectStatus.PLANNED:
                 continue
             shown_effects.add(key)
-            commands = "; ".join(" ".join(r.command) for r in effect.results if r.command)
-            suffix = f"  [dim]$ {commands}[/]" if commands else ""
-            timeline.say(f"[bold]{effect.status.value}[/]: {effect.describe()}{suffix}")
+            timeline.say(f"[bold]{effect.status.value}[/]: {effect.describe()}")
+            for result in effect.results:
+                if result.command:
+                    # One command a line, quoted as a shell needs it (the drain reason and
+                    # the job comment are one argument each) and never wrapped, so it can
+                    # be pasted; escaped, as reasons quote log lines with [brackets].
+                    console.print(
+                        f"{'':13}[dim]$ {escape(shlex.join(result.command))}[/]", soft_wrap=True
+                    )
         if status.outcome is not None:
             timeline.say(f"[bold]outcome[/]: {status.outcome.value} - {status.details}")
             return status
@@ -111,8 +202,10 @@ async def _follow(
     raise TrainmedicError(f"demo: incident {incident} did not finish within {timeout:.0f}s")
 
 
-async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str) -> bool:
+async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str, keep: bool) -> bool:
     client = await connect(config)
+    # Before the controller starts, so that nothing of an earlier demo wakes up in it.
+    await _clean_slate(client, config.cluster, lab)
     # The configured policy as it is; only the cluster's mode is switched to auto for the
     # demo (an audited set_mode) and handed back afterwards.
     policy = load_policy(config.policy_file)
@@ -137,7 +230,6 @@ async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str) -> bool:
             ControlWorkflow.set_mode,
             SetModeRequest(mode=Mode.AUTO, by="trainmedic demo", reason="demo: act on its own"),
         )
-        reset_nodes(lab)
         timeline = Timeline()
         name = f"demo-{uuid.uuid4().hex[:6]}"
         job_id = submit_training(
@@ -197,6 +289,23 @@ async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str) -> bool:
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(controller, 30)
+        if not keep:
+            # Its quarantine would otherwise wake up in the next demo (or any controller
+            # on this cluster) minutes from now; the lab reset after this puts the node
+            # back. With --keep, all stays for a look; the next demo closes it.
+            try:
+                closed = await _close_demo_workflows(
+                    client, config.cluster, lab_nodes(lab), DEMO_OVER
+                )
+                await asyncio.to_thread(clear_faults, lab)
+            except (RPCError, TrainmedicError, OSError) as error:
+                logger.warning("demo: could not close what it started: %s", error)
+            else:
+                if closed:
+                    console.print(
+                        f"[dim]{_say_closed(closed, 'that the demo opened')}: the next demo "
+                        "starts clean[/]"
+                    )
 
 
 def demo(
@@ -223,7 +332,7 @@ def demo(
             f"{config.cluster}, lab nodes gpu01-gpu04. The cluster runs in auto mode for "
             "the demo only and goes back to its own mode afterwards."
         )
-        ok = asyncio.run(_story(config, lab, fault, status.ui_url))
+        ok = asyncio.run(_story(config, lab, fault, status.ui_url, keep))
     finally:
         if not keep:
             with console.status("stopping what the demo started..."):

@@ -11,6 +11,7 @@ Paths: job output `<lab root>/jobs/train-<jobid>.out`, checkpoints
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import sys
@@ -109,6 +110,41 @@ def reset_nodes(lab: Lab) -> None:
             faults.write_json_atomic(
                 directory / faults.NVML_STATE, faults.default_nvml_state(node, spec.gpus)
             )
+
+
+def clear_faults(lab: Lab) -> list[str]:
+    """Every lab node as if no fault had ever been injected, as after a repair and a
+    reboot: no pending request, healthy fake GPUs, an empty kernel log, no fault records.
+
+    Returns the nodes that still showed an earlier fault. The kernel log is truncated in
+    place, which a node agent following it handles (it reads a truncated file from the
+    start); `reset_nodes` keeps it, for tests that read what their fault wrote.
+    """
+    spec = lab.spec
+    if spec is None:
+        return []
+    touched = []
+    healthy = {node: faults.default_nvml_state(node, spec.gpus) for node in spec.node_names}
+    for node in spec.node_names:
+        directory = faults.node_dir(lab.root, node)
+        kern, records = directory / faults.KERNEL_LOG, directory / faults.FAULT_RECORDS
+        state = directory / faults.NVML_STATE
+        try:
+            faulty_gpus = json.loads(state.read_text()) != healthy[node]
+        except (OSError, ValueError):
+            faulty_gpus = state.exists()
+        if (
+            (directory / faults.FAULT_FILE).exists()
+            or faulty_gpus
+            or (kern.exists() and kern.stat().st_size > 0)
+            or records.exists()
+        ):
+            touched.append(node)
+        if kern.exists():
+            kern.write_bytes(b"")
+        records.unlink(missing_ok=True)
+    reset_nodes(lab)
+    return touched
 
 
 def training_script(lab: Lab, spec: TrainingSpec) -> str:
