@@ -46,12 +46,15 @@ from trainmedic.domain.incident import (
 )
 from trainmedic.domain.notify import Notification, NotifyEvent, NotifyResult
 from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode
+from trainmedic.domain.telemetry import OutcomeRecord, OutcomeRecorded
+from trainmedic.telemetry import approval_waits
 
 # -- RecoveryWorkflow with stand-in activities ---------------------------------------
 
 JOB = SlurmJob(job_id="7", state="FAILED", partition="gpu", nodes=["gpu01", "gpu02"])
 applied: list[str] = []
 notified: list[Notification] = []
+recorded: list[OutcomeRecord] = []
 
 
 @dataclass
@@ -134,6 +137,11 @@ def make_activities(policy: Policy) -> list[object]:
     async def check_consistency(request: ConsistencyRequest) -> ConsistencyReport:
         return ConsistencyReport(summary="node gpu02 IDLE+DRAIN (drained by this incident)")
 
+    @activity.defn(name="record_outcome")
+    async def record_outcome(record: OutcomeRecord) -> OutcomeRecorded:
+        recorded.append(record)
+        return OutcomeRecorded(recorded=True)
+
     if world.webhook:
         notify = NotifyActivities(WebhookNotifier(world.webhook, timeout=2)).notify  # type: ignore[assignment]
     return [
@@ -147,6 +155,7 @@ def make_activities(policy: Policy) -> list[object]:
         notify,
         verify_job,
         check_consistency,
+        record_outcome,
     ]
 
 
@@ -161,6 +170,7 @@ async def run_incident_result(
     queue = f"ts-{uuid.uuid4().hex[:6]}"
     applied.clear()
     notified.clear()
+    recorded.clear()
     async with Worker(
         client, task_queue=queue, workflows=[RecoveryWorkflow], activities=make_activities(policy)
     ):
@@ -200,6 +210,12 @@ async def test_approval_timeout_fallbacks(
     assert "--action drain-gpu02" in asked.action_hint
     assert (NotifyEvent.ESCALATED in events) is (outcome is Outcome.ESCALATED)
     assert events.count(NotifyEvent.EFFECT_APPLIED) == len(effects)
+    # The outcome went to record_outcome once, with each wait for a decision in it.
+    [record] = recorded
+    assert record.result.outcome is outcome and record.mode.value == "approve"
+    waits = approval_waits(record.result)
+    assert waits and {d for _, d, _ in waits} == {"timeout"}
+    assert all(s == pytest.approx(1800, abs=5) for _, _, s in waits)
 
 
 # -- recovery paths no lab test reaches (issue 9.10) --------------------------------------
@@ -282,6 +298,7 @@ async def test_cancel_after_an_applied_effect_says_what_was_done(
     policy = parse_policy("mode: {default: approve}\napproval: {timeout: 2h}")
     queue = f"ts-{uuid.uuid4().hex[:6]}"
     applied.clear()
+    recorded.clear()
     async with Worker(
         client, task_queue=queue, workflows=[RecoveryWorkflow], activities=make_activities(policy)
     ):
@@ -317,3 +334,7 @@ async def test_cancel_after_an_applied_effect_says_what_was_done(
         ("drain-gpu02", EffectStatus.APPLIED),
         ("requeue-7", EffectStatus.SKIPPED),
     ]
+    # A cancelled incident is counted too, with the operator's approval wait.
+    [record] = recorded
+    assert record.result.outcome is Outcome.CANCELLED
+    assert [(k, d) for k, d, _ in approval_waits(record.result)] == [("drain_node", "approved")]

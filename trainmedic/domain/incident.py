@@ -87,6 +87,8 @@ class PlannedEffect(BaseModel):
     note: str = ""
     results: list[EffectResult] = Field(default_factory=list)
     applied_at: datetime | None = None
+    # When it began to wait for an operator (approve mode): the approval wait's start.
+    awaiting_since: datetime | None = None
 
     def describe(self) -> str:
         match self.kind:

@@ -209,6 +209,7 @@ class LogWatcher:
         self.clock = clock
         self._resolution = min(5.0, self.config.progress.hang_after.total_seconds() / 20)
         self.stats = LogWatchStats()
+        self.last_cycle_s: float | None = None  # the last cycle's duration (telemetry)
         self._jobs: dict[str, _Job] = {}
         # `_lock` guards the jobs' state and is never held across file I/O; `_cycle_lock`
         # keeps cycles one at a time and is only taken in cycle threads, never on the loop.
@@ -391,7 +392,11 @@ class LogWatcher:
 
         Blocking: call it from a thread (`run` and `poll_and_submit` do)."""
         with self._cycle_lock:
-            return self._cycle()
+            started = time.perf_counter()
+            try:
+                return self._cycle()
+            finally:
+                self.last_cycle_s = time.perf_counter() - started
 
     def _cycle(self) -> list[IncidentSignal]:
         now = self.clock()

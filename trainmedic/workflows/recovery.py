@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         PlannedEffect,
     )
     from trainmedic.domain.notify import Notification, NotifyEvent, NotifyResult
+    from trainmedic.domain.telemetry import OutcomeRecord, OutcomeRecorded
     from trainmedic.temporal.search_attributes import (
         TM_ACTION,
         TM_CATEGORY,
@@ -93,6 +94,15 @@ NOTIFY_RETRY = RetryPolicy(
     maximum_attempts=6,
 )
 NOTIFY_PATCH = "notify-webhook"
+# The incident's figures (metrics) are recorded by an activity at its end: a few quick
+# tries, and a failure is logged, never the incident's.
+RECORD_OUTCOME_PATCH = "record-outcome"
+RECORD_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=3,
+)
 FINAL = {
     EffectStatus.WOULD_APPLY,
     EffectStatus.REJECTED,
@@ -135,6 +145,7 @@ class RecoveryWorkflow:
         self.breaker: str | None = None  # why the cluster's breaker is open, if it is
         self.notifications: list[asyncio.Task[NotifyResult]] = []
         self.running_again_at: datetime | None = None
+        self.breaker_tripped = False  # a reservation of this incident tripped the breaker
 
     # -- operator messages ----------------------------------------------------------
 
@@ -254,13 +265,44 @@ class RecoveryWorkflow:
         try:
             result = await self._recover(request)
         except asyncio.CancelledError:
-            return await self._cancelled(request)
+            result = await self._cancelled(request)
+            await self._outcome_recorded(self._record_outcome(result))
+            return result
         if result.outcome is Outcome.STOPPED:
             self._notify(NotifyEvent.JOB_STOPPED, result.summary)
         elif result.outcome is Outcome.ESCALATED:
             self._notify(NotifyEvent.ESCALATED, result.summary)
+        recording = self._record_outcome(result)
         await self._notifications_sent()
+        await self._outcome_recorded(recording)
         return result
+
+    # -- telemetry ----------------------------------------------------------------------
+
+    def _record_outcome(self, result: IncidentResult) -> asyncio.Task[OutcomeRecorded] | None:
+        """Start the record_outcome activity (metrics), beside the notifications."""
+        if not workflow.patched(RECORD_OUTCOME_PATCH):
+            return None  # a history from before telemetry: replay it as it ran
+        return workflow.start_activity(
+            "record_outcome",
+            OutcomeRecord(
+                cluster=self.request.cluster,
+                mode=self.mode,
+                result=result,
+                breaker_tripped=self.breaker_tripped,
+            ),
+            result_type=OutcomeRecorded,
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=RECORD_RETRY,
+        )
+
+    async def _outcome_recorded(self, recording: asyncio.Task[OutcomeRecorded] | None) -> None:
+        if recording is None:
+            return
+        try:
+            await recording
+        except ActivityError as error:
+            workflow.logger.warning("the incident's metrics were not recorded: %s", error)
 
     # -- notifications ----------------------------------------------------------------
 
@@ -437,6 +479,7 @@ class RecoveryWorkflow:
         if effect.status is EffectStatus.REJECTED:
             return False
         effect.status = EffectStatus.AWAITING_APPROVAL
+        effect.awaiting_since = workflow.now()
         why = self.diagnosis.headline() if self.diagnosis else ""
         self.details = f"waiting for approval to {effect.describe()}: {why}"
         self._notify(
@@ -446,9 +489,11 @@ class RecoveryWorkflow:
             "--by <you> (or reject)",
         )
         workflow.set_current_details(
+            # The UI renders this as markdown: the payload goes in a code span, so that its
+            # quotes stay straight and it can be pasted into "Send a Signal" as it is.
             f"{self.details}\n\nApprove or reject with a signal `approve` / `reject` and "
-            f'payload {{"action": "{effect.id}", "by": "<you>", "comment": "<why>"}} '
-            f'(or "action": "all"); timeout {policy.approval.timeout}, '
+            f'payload `{{"action": "{effect.id}", "by": "YOUR-NAME", "comment": "WHY"}}` '
+            f'(or `"action": "all"`); timeout {policy.approval.timeout}, '
             f"then {policy.approval.fallback}."
         )
         try:
@@ -529,6 +574,7 @@ class RecoveryWorkflow:
         effect.status = EffectStatus.BLOCKED
         effect.note = grant.reason
         if isinstance(grant, IsolationGrant) and grant.breaker_tripped:
+            self.breaker_tripped = True
             self._notify(
                 NotifyEvent.BREAKER_TRIPPED,
                 f"cluster {cluster} is back in monitor mode: {grant.reason}",
