@@ -11,6 +11,7 @@ import math
 import os
 import re
 import reprlib
+import socket
 import stat
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +27,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -34,6 +36,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trainmedic.domain.enums import Action, Mode
 from trainmedic.durations import format_duration, parse_duration
 from trainmedic.errors import ConfigError
+from trainmedic.temporal import tls as tm_tls
 
 ENV_PREFIX = "TRAINMEDIC_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -119,6 +122,9 @@ class Settings(BaseSettings):
     temporal_tls_cert: Path | None = None
     temporal_tls_key: Path | None = None
     temporal_tls_ca: Path | None = None
+    # The name the server's certificate is checked against (and sent as SNI), when the
+    # address is not one of its names (an IP address, a tunnel, a load balancer).
+    temporal_tls_server_name: str | None = None
     _tls_implied_by: str | None = PrivateAttr(None)  # said in the log when connecting
     temporal_api_key: SecretStr | None = None
     temporal_ui_port: int = Field(8233, ge=1, le=65535)
@@ -127,7 +133,9 @@ class Settings(BaseSettings):
         None, ge=1024, le=65000, description="First port of the lab (slurmctld); default 16817."
     )
 
-    slurm_access: Literal["local", "ssh"] = "local"
+    # pyslurm: libslurm in this process (a venv with pyslurm built for the running Slurm,
+    # 25.11; `make test-pyslurm`); slurm_conf is what it reads at start-up.
+    slurm_access: Literal["local", "ssh", "pyslurm"] = "local"
     slurm_bin_dir: Path | None = Field(None, description="Directory of sbatch/scontrol/...")
     slurm_conf: Path | None = Field(None, description="SLURM_CONF for the Slurm commands.")
     slurm_command_timeout: PositiveDuration = timedelta(seconds=30)
@@ -143,16 +151,83 @@ class Settings(BaseSettings):
     # the controller's own user, and the site key that node agents sign reports with.
     spool_owners: str = Field("", description="User names or uids, comma-separated.")
     spool_key_file: Path | None = Field(None, description="HMAC key file (mode 0600).")
+    # The agent channel (trainmedic.channel; docs/deploy.md "Node agents"): node agents
+    # push findings and heartbeats to the controller over HTTP, signed with keys derived
+    # from `agent_key_file` (unset: spool_key_file). Off unless asked for (`trainmedic
+    # up` turns it on for the lab); listening needs a key.
+    agent_channel: bool = False
+    agent_listen: str = Field("0.0.0.0:8790", description="HOST:PORT the receiver binds.")
+    agent_key_file: Path | None = Field(None, description="Site key for agents (mode 0600).")
+    agent_replay_window: PositiveDuration = timedelta(seconds=30)
+    agent_max_body: int = Field(256 * 1024, ge=1024, le=16 * 2**20)
+    agent_rate_per_node: float = Field(10.0, gt=0, le=10_000, description="Requests/s/node.")
+    # A node whose agent is silent this long while a job runs there is suspect; it is
+    # confirmed dead only when its slurmd does not answer `agent_probe_failures` probes in
+    # a row (`agent_probe_interval` apart), or Slurm agrees.
+    agent_silence: PositiveDuration = timedelta(seconds=6)
+    agent_probe_interval: PositiveDuration = timedelta(seconds=1)
+    agent_probe_failures: int = Field(2, ge=1, le=20)
+    agent_probe_timeout: PositiveDuration = timedelta(seconds=1)
+    agent_slurmd_port: int | None = Field(6818, ge=1, le=65535, description="None: no probe.")
     # Attribution reads at most the tail of each log, for at most this long (the
     # workflow gives the activity five minutes).
     attribution_max_scan_bytes: int = Field(64 * 2**20, ge=2**20, le=2**40)
     attribution_scan_timeout: PositiveDuration = timedelta(minutes=2)
+    # Node health (quarantine). Controller: where each node's agent serves `GET /health`
+    # (its probe listener; `{node}` is replaced by the node's name; both ways signed with
+    # the node's key, derived from agent_key_file or spool_key_file) and how long a check
+    # may take (dcgmi diag included).
+    agent_health_url: str = "http://{node}:8791/health"
+    agent_health_timeout: PositiveDuration = timedelta(minutes=4)
+    # Agent: `dcgmi` (default: found on PATH; absent: the DCGM check is skipped), and the
+    # site's own check, run as `[health_script, NODE]` (exit 0 = healthy).
+    health_dcgmi: Path | None = None
+    health_dcgm_timeout: PositiveDuration = timedelta(minutes=3)
+    health_script: Path | None = None
+    health_script_timeout: PositiveDuration = timedelta(minutes=2)
     # Notifications (approval needed, effect applied, job stopped, escalation, breaker
     # tripped) to a webhook; the URL often embeds a token (Slack's does), so it is secret.
     notify_webhook_url: SecretStr | None = None
     notify_format: Literal["json", "slack"] = "json"
     notify_events: str = Field("", description="Events to send, comma-separated; all if empty.")
     notify_timeout: PositiveDuration = timedelta(seconds=10)
+    # Telemetry (trainmedic.telemetry): the controller's Prometheus endpoint, HOST:PORT
+    # ("" = off), and an OTLP/HTTP collector for metrics and traces ("" = off), e.g.
+    # http://otel-collector:4318 (the /v1/metrics and /v1/traces paths are added).
+    metrics_address: str = Field("127.0.0.1:9464", description="HOST:PORT; empty: off.")
+    otlp_endpoint: str = Field("", description="OTLP/HTTP base URL; empty: off.")
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _metrics_address(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError("expected HOST:PORT (e.g. 127.0.0.1:9464), or empty for off")
+        return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, value: str) -> str:
+        value = value.strip()
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http(s) URL (e.g. http://otel-collector:4318)")
+        return value.rstrip("/")
+
+    # Two controllers for availability: both serve the task queue, the lease holder runs
+    # detection. The id must differ between controllers and stay the same across one's
+    # restarts (a restarted controller then leads again at once).
+    controller_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    lease_ttl: PositiveDuration = timedelta(seconds=10)
+
+    @field_validator("lease_ttl")
+    @classmethod
+    def _lease_ttl(cls, value: timedelta) -> timedelta:
+        if not timedelta(seconds=3) <= value <= timedelta(minutes=10):
+            raise ValueError("between 3s and 10m: detection is blind this long after a death")
+        return value
 
     @field_validator("notify_webhook_url")
     @classmethod
@@ -181,6 +256,48 @@ class Settings(BaseSettings):
             raise ValueError("at most 4m: the attribute activity itself times out at 5m")
         return value
 
+    # The TLS files are checked at start-up (exists, readable, PEM, a certificate with its
+    # own key, not expired), each error naming its variable; skipped when TLS is explicitly
+    # off, which _consistent refuses with them anyway.
+    @field_validator("temporal_tls_ca", "temporal_tls_cert")
+    @classmethod
+    def _tls_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("temporal_tls") is not False:
+            if info.field_name == "temporal_tls_ca":
+                tm_tls.check_ca_file(value)
+            else:
+                tm_tls.check_client_cert(value)
+        return value
+
+    @field_validator("temporal_tls_key")
+    @classmethod
+    def _tls_key(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        cert = info.data.get("temporal_tls_cert")
+        if value is not None and info.data.get("temporal_tls") is not False:
+            if cert is None:
+                tm_tls.read_pem(value, "a PEM private key")
+            else:
+                tm_tls.check_client_pair(cert, value)
+        return value
+
+    @field_validator("agent_health_url")
+    @classmethod
+    def _agent_url(cls, value: str) -> str:
+        if "{node}" not in value or not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http(s) URL with {node}, e.g. http://{node}:8791/health")
+        try:
+            value.format(node="n")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError("only {node} may appear in braces") from None
+        return value
+
+    @field_validator("agent_health_timeout")
+    @classmethod
+    def _under_the_check_timeout(cls, value: timedelta) -> timedelta:
+        if value > timedelta(minutes=9):
+            raise ValueError("at most 9m: the health-check activity itself times out at 10m")
+        return value
+
     @field_validator("cluster")
     @classmethod
     def _cluster_name(cls, value: str) -> str:
@@ -192,8 +309,16 @@ class Settings(BaseSettings):
     @classmethod
     def _host_port(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ValueError("expected host:port, e.g. 127.0.0.1:7233")
+        return value
+
+    @field_validator("agent_listen")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError("expected host:port, e.g. 0.0.0.0:8790 (port 0: any free one)")
         return value
 
     @model_validator(mode="after")
@@ -206,13 +331,18 @@ class Settings(BaseSettings):
                 "the host's key: host keys are never accepted automatically)"
             )
         if bool(self.temporal_tls_cert) != bool(self.temporal_tls_key):
-            raise ValueError("set both TRAINMEDIC_TEMPORAL_TLS_CERT and _KEY, or neither")
+            given, lacking = ("CERT", "KEY") if self.temporal_tls_cert else ("KEY", "CERT")
+            raise ValueError(
+                f"TRAINMEDIC_TEMPORAL_TLS_{given} is set but TRAINMEDIC_TEMPORAL_TLS_{lacking} "
+                "is not: mTLS needs both the client certificate and its key (or neither)"
+            )
         secured = [
             ENV_PREFIX + name
             for name, value in (
                 ("TEMPORAL_API_KEY", self.temporal_api_key),
                 ("TEMPORAL_TLS_CERT", self.temporal_tls_cert),
                 ("TEMPORAL_TLS_CA", self.temporal_tls_ca),
+                ("TEMPORAL_TLS_SERVER_NAME", self.temporal_tls_server_name),
             )
             if value
         ]
@@ -286,6 +416,51 @@ class VerifyPolicy(_Strict):
     poll_interval: PollInterval = timedelta(seconds=2)
 
 
+class QuarantinePolicy(_Strict):
+    """When a node trainmedic drained may go back (NodeQuarantineWorkflow)."""
+
+    # A failed health check is re-run after `recheck_after`, doubling each time up to
+    # `recheck_max_interval`; after `recheck_limit` failures a person is asked.
+    recheck_after: PositiveDuration = timedelta(minutes=10)
+    recheck_max_interval: PositiveDuration = timedelta(hours=2)
+    recheck_limit: int = Field(5, ge=0, le=1000)
+    # A node implicated in this many incidents within the window stays out until a
+    # person releases it (`trainmedic nodes release`). 0 turns the rule off.
+    repeat_offender_incidents: int = Field(3, ge=0, le=1000)
+    repeat_offender_window: PositiveDuration = timedelta(days=7)
+
+    @field_validator("repeat_offender_incidents")
+    @classmethod
+    def _not_one(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError(
+                "1 would hold every node out at its first incident; use 2 or more, or 0 (off)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _intervals(self) -> QuarantinePolicy:
+        if self.recheck_max_interval < self.recheck_after:
+            raise ValueError(
+                f"recheck_max_interval ({_say(self.recheck_max_interval)}) is shorter than "
+                f"recheck_after ({_say(self.recheck_after)})"
+            )
+        return self
+
+
+class PromotionPolicy(_Strict):
+    """When an action kind has earned more autonomy (`trainmedic advice report`,
+    `trainmedic mode promote`): at least `min_cases` recommendations judged within
+    `window`, of which at least `min_agreement` agreed with what an operator did."""
+
+    min_cases: int = Field(20, ge=1, le=1_000_000)
+    min_agreement: float = Field(0.95, gt=0.0, le=1.0)
+    window: PositiveDuration = timedelta(days=7)
+    # auto takes the person out: by default it is earned by people approving the very
+    # effects in approve mode, not by monitor mode's agreement read from Slurm.
+    auto_requires_approvals: bool = True
+
+
 class Policy(_Strict):
     version: str = "builtin-1"
     mode: ModePolicy = ModePolicy()
@@ -293,6 +468,8 @@ class Policy(_Strict):
     approval: ApprovalPolicy = ApprovalPolicy()
     rails: RailsPolicy = RailsPolicy()
     verify: VerifyPolicy = VerifyPolicy()
+    quarantine: QuarantinePolicy = QuarantinePolicy()
+    promotion: PromotionPolicy = PromotionPolicy()
 
 
 def _echo(value: Any) -> str:

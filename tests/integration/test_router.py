@@ -22,11 +22,14 @@ from tests.integration.support import (
     submit,
     unique_cluster,
 )
-from trainmedic.activities.quarantine import QuarantineActivities, SlurmNodeHealth, lab_gpu_devices
+from trainmedic.activities.control import ControlOffenseLedger
+from trainmedic.activities.quarantine import QuarantineActivities
 from trainmedic.adapters.slurm import LocalRunner, SlurmCli
-from trainmedic.config import Settings
+from trainmedic.config import Policy, Settings
 from trainmedic.domain.incident import IncidentSignal
-from trainmedic.lab import Lab
+from trainmedic.health.probe import LabNodeHealthProbe
+from trainmedic.lab import Lab, faults
+from trainmedic.lab.workload import nvml_state, prepare_nodes
 from trainmedic.watchers.router import IncidentRouter, build_slurm_detection
 from trainmedic.workflows.quarantine import NodeQuarantineWorkflow, ReleasePayload
 from trainmedic.workflows.recovery import RecoveryWorkflow
@@ -139,13 +142,19 @@ def node_state(lab: Lab, node: str) -> str:
 async def quarantine_run(
     client: Client,
     lab: Lab,
-    devices: Callable[[str], list[Path]],
     body: Callable[[IncidentRouter], object],
 ) -> None:
+    """Quarantines on their own queue, checked by the lab's probe (the nodes' fake GPUs);
+    the offense ledger is the cluster's ControlWorkflow on the session's controller."""
     cluster = unique_cluster("qt")
     queue = f"it-quarantine-{cluster}"
+    prepare_nodes(lab)
     backend = SlurmCli(LocalRunner(env=lab.env()))
-    activities = QuarantineActivities(backend, SlurmNodeHealth(backend, devices))
+    activities = QuarantineActivities(
+        backend,
+        LabNodeHealthProbe(lambda n: nvml_state(lab, n)),
+        ControlOffenseLedger(client, Policy(), TASK_QUEUE),
+    )
     router = IncidentRouter(
         client,
         cluster,
@@ -157,7 +166,7 @@ async def quarantine_run(
         client,
         task_queue=queue,
         workflows=[NodeQuarantineWorkflow],
-        activities=[activities.check_health, activities.resume_node],
+        activities=[activities.assess, activities.check_health, activities.resume_node],
     ):
         await body(router)  # type: ignore[misc]
 
@@ -167,9 +176,9 @@ def node_down(node: str) -> IncidentSignal:
 
 
 async def test_quarantine_resumes_our_drain_and_leaves_an_admin_drain(
-    temporal_client: Client, clean_lab: Lab
+    temporal_client: Client, controller: Worker, clean_lab: Lab
 ) -> None:
-    drain(clean_lab, "gpu03", "trainmedic incident-x-1-1: Xid 79")
+    drain(clean_lab, "gpu03", "trainmedic incident-x-1-1: gpu_hardware: Xid 79")
     drain(clean_lab, "gpu04", "admin: bad fan")
 
     async def body(router: IncidentRouter) -> None:
@@ -187,21 +196,18 @@ async def test_quarantine_resumes_our_drain_and_leaves_an_admin_drain(
         assert resumed.checks[-1].healthy
         assert left.state == "left_alone"
 
-    await quarantine_run(
-        temporal_client, clean_lab, lab_gpu_devices(clean_lab.layout.gpu_dir), body
-    )
+    await quarantine_run(temporal_client, clean_lab, body)
     assert "DRAIN" not in node_state(clean_lab, "gpu03")
     assert "DRAIN" in node_state(clean_lab, "gpu04")
 
 
 async def test_unhealthy_node_is_kept_out_until_released(
-    temporal_client: Client, clean_lab: Lab
+    temporal_client: Client, controller: Worker, clean_lab: Lab
 ) -> None:
-    drain(clean_lab, "gpu02", "trainmedic incident-x-2-1: ecc")
-    # gpu02's "GPUs" are gone: the health check fails.
-    devices = lab_gpu_devices(
-        lambda n: clean_lab.layout.gpu_dir(n) if n != "gpu02" else Path("/nonexistent")
-    )
+    drain(clean_lab, "gpu02", "trainmedic incident-x-2-1: gpu_memory_ecc: ecc")
+    prepare_nodes(clean_lab)
+    # gpu02's GPU 1 has fallen off the bus: the health check fails.
+    faults.update_nvml(clean_lab.root, "gpu02", 1, faults.Fault.XID79)
 
     async def body(router: IncidentRouter) -> None:
         await router.submit(node_down("gpu02"))
@@ -210,24 +216,32 @@ async def test_unhealthy_node_is_kept_out_until_released(
         )
 
         async def state() -> str:
-            return (await handle.query(NodeQuarantineWorkflow.status)).state
+            try:
+                return (await handle.query(NodeQuarantineWorkflow.status)).state
+            except RPCError:
+                return "not started"
 
         deadline = asyncio.get_running_loop().time() + 60
-        while await state() != "kept_out":
+        while await state() != "rechecking":
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.3)
         assert "DRAIN" in node_state(clean_lab, "gpu02")
         # A release that names nobody (as the UI sends it without a payload) is refused.
         await handle.signal(NodeQuarantineWorkflow.release, ReleasePayload(by=" "))
         status = await handle.query(NodeQuarantineWorkflow.status)
-        assert status.state == "kept_out" and status.released_by is None
+        assert status.state == "rechecking" and status.released_by is None
         assert status.ignored and "say who releases" in status.ignored[0]
         await handle.signal(NodeQuarantineWorkflow.release, ReleasePayload(by="ops", comment="ok"))
         # After the release the next check still fails, but the operator's word counts.
         result = await asyncio.wait_for(handle.result(), 60)
         assert result.state == "resumed"
         assert result.released_by is not None and result.released_by.by == "ops"
-        assert result.escalated and "health check" in result.escalated
+        assert not result.checks[-1].healthy
 
-    await quarantine_run(temporal_client, clean_lab, devices, body)
+    try:
+        await quarantine_run(temporal_client, clean_lab, body)
+    finally:
+        faults.write_json_atomic(
+            nvml_state(clean_lab, "gpu02"), faults.default_nvml_state("gpu02", 8)
+        )
     assert "DRAIN" not in node_state(clean_lab, "gpu02")

@@ -12,10 +12,14 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from tests.integration.support import async_wait_for, running_on, submit, unique_cluster, wait_for
-from trainmedic.activities.quarantine import QuarantineActivities, SlurmNodeHealth
+from trainmedic.activities.control import ControlOffenseLedger
+from trainmedic.activities.quarantine import QuarantineActivities
 from trainmedic.adapters.slurm import LocalRunner, SlurmCli
+from trainmedic.config import Policy
 from trainmedic.domain.incident import IncidentSignal
+from trainmedic.health.probe import LabNodeHealthProbe
 from trainmedic.lab import Lab
+from trainmedic.lab.workload import nvml_state
 from trainmedic.watchers.base import ListSink
 from trainmedic.watchers.router import IncidentRouter
 from trainmedic.watchers.slurm import JsonSource, SlurmWatcher
@@ -93,12 +97,17 @@ async def test_node_death_gives_a_signal_per_job_and_one_quarantine(
     )
     sink = ListSink()
     backend = SlurmCli(LocalRunner(env=clean_lab.env()))
-    activities = QuarantineActivities(backend, SlurmNodeHealth(backend))
+    # The quarantine cools down for an hour: its activities never run here.
+    activities = QuarantineActivities(
+        backend,
+        LabNodeHealthProbe(lambda n: nvml_state(clean_lab, n)),
+        ControlOffenseLedger(temporal_client, Policy(), queue),
+    )
     worker = Worker(
         temporal_client,
         task_queue=queue,
         workflows=[NodeQuarantineWorkflow],
-        activities=[activities.check_health, activities.resume_node],
+        activities=[activities.assess, activities.check_health, activities.resume_node],
     )
     started: list[str] = []
     try:

@@ -25,9 +25,13 @@ app = typer.Typer(help="A real Slurm cluster on this machine, for trying and tes
 _ROOT = typer.Option(None, "--root", help="Lab directory (default: <state dir>/lab).")
 
 
-def _lab(root: Path | None, port_base: int | None = None) -> Lab:
+def _lab(root: Path | None, port_base: int | None = None, slurm_prefix: Path | None = None) -> Lab:
     config = settings()
-    return Lab(root or config.lab_dir, port_base=port_base or config.lab_port_base)
+    return Lab(
+        root or config.lab_dir,
+        port_base=port_base or config.lab_port_base,
+        slurm_prefix=slurm_prefix,
+    )
 
 
 def _node(name: str) -> str:
@@ -75,6 +79,8 @@ def _show(status: LabStatus) -> None:
 def _hint(lab: Lab) -> None:
     console.print("Use it from a shell with:")
     console.print(f"  export SLURM_CONF={lab.slurm_conf}", soft_wrap=True)
+    if lab.slurm_prefix is not None:
+        console.print(f"  export PATH={lab.slurm_prefix}/bin:$PATH", soft_wrap=True)
     console.print("  sinfo; sbatch ...; squeue")
 
 
@@ -87,11 +93,29 @@ def up(
         None, "--port-base", help="slurmctld port; slurmd ports follow (default 16817)."
     ),
     root: Path | None = _ROOT,
+    slurm_prefix: Path | None = typer.Option(
+        None,
+        "--slurm-prefix",
+        envvar="TRAINMEDIC_SLURM_PREFIX",
+        help="Run the Slurm installed under this prefix (bin/, sbin/), e.g. one built by"
+        " deploy/lab/build-slurm.sh; default: TRAINMEDIC_SLURM_BIN_DIR's parent, else the"
+        " prefix of the last start in this root, else the system's (/usr).",
+    ),
+    slurmd_timeout: int | None = typer.Option(
+        None,
+        "--slurmd-timeout",
+        min=1,
+        max=3600,
+        help="Slurm's SlurmdTimeout, s (default 5; production clusters run 300).",
+    ),
 ) -> None:
     """Start the lab, or the parts of it that are not running; wait until nodes are ready."""
-    lab = _lab(root, port_base)
+    bin_dir = settings().slurm_bin_dir
+    if slurm_prefix is None and bin_dir is not None:
+        slurm_prefix = bin_dir.parent
+    lab = _lab(root, port_base, slurm_prefix)
     with console.status("starting munged, slurmctld and the slurmd's..."):
-        status = lab.up(nodes=nodes, gpus=gpus, cpus=cpus)
+        status = lab.up(nodes=nodes, gpus=gpus, cpus=cpus, slurmd_timeout=slurmd_timeout)
     _show(status)
     _hint(lab)
 

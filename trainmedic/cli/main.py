@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from trainmedic import __version__
+from trainmedic.cli import advice as advice_cli
 from trainmedic.cli import attribute as attribute_cli
 from trainmedic.cli import audit as audit_cli
 from trainmedic.cli import config as config_cli
@@ -16,8 +17,10 @@ from trainmedic.cli import demo as demo_cli
 from trainmedic.cli import deploy as deploy_cli
 from trainmedic.cli import incidents as incidents_cli
 from trainmedic.cli import lab as lab_cli
+from trainmedic.cli import nodes as nodes_cli
 from trainmedic.cli import report as report_cli
 from trainmedic.cli import server as server_cli
+from trainmedic.cli import setup as setup_cli
 from trainmedic.cli import status as status_cli
 from trainmedic.cli import up as up_cli
 from trainmedic.errors import TrainmedicError
@@ -33,8 +36,11 @@ app.add_typer(server_cli.app, name="server")
 app.add_typer(lab_cli.app, name="lab")
 app.add_typer(config_cli.app, name="config")
 app.add_typer(incidents_cli.app, name="incidents")
+app.add_typer(nodes_cli.app, name="nodes")
 app.add_typer(audit_cli.app, name="audit")
 app.add_typer(deploy_cli.app, name="deploy")
+app.add_typer(setup_cli.app, name="setup")
+advice_cli.register(app)
 attribute_cli.register(app)
 up_cli.register(app)
 demo_cli.register(app)

@@ -29,11 +29,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trainmedic.domain.hostlist import HostlistError, expand, validate_node_name
 from trainmedic.errors import MissingDependencyError, ServiceError
-from trainmedic.lab import procs
+from trainmedic.lab import agents, procs
 from trainmedic.lab.layout import (
     DEFAULT_PORT_BASE,
     LabLayout,
     LabSpec,
+    render_cgroup_conf,
     render_gres_conf,
     render_slurm_conf,
 )
@@ -59,6 +60,7 @@ _SEARCH_PATH = os.pathsep.join(
 # Variables of an outer Slurm job or the user's defaults would leak into lab commands.
 _FOREIGN_ENV = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_", "SCONTROL_")
 
+_PREFIX_FILE = "slurm-prefix"  # the Slurm install of the last fresh `up`, if not the system's
 _NODE_BAD = ("DOWN", "UNKNOWN", "FUTURE", "INVALID", "NOT_RESPONDING", "POWERED_DOWN")
 _KV = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|\s*$)")
 
@@ -136,16 +138,33 @@ class LabStatus(BaseModel):
         raise LabError(f"no node {name!r} in this lab")
 
 
-def require_binaries() -> dict[str, str]:
-    """Paths of the Slurm and munge programs; MissingDependencyError naming what to install."""
+def slurm_dirs(prefix: Path) -> list[Path]:
+    """Where a Slurm install under `prefix` keeps its programs (`make install` layout)."""
+    return [prefix / "bin", prefix / "sbin"]
+
+
+def require_binaries(slurm_prefix: Path | None = None) -> dict[str, str]:
+    """Paths of the Slurm and munge programs; MissingDependencyError naming what to install.
+
+    With `slurm_prefix` (a Slurm built from source, deploy/lab/build-slurm.sh), Slurm's
+    programs come from that install only, never mixed with the distribution's; munged
+    still comes from the system."""
     found: dict[str, str] = {}
     missing: dict[str, str] = {}
     for binary, package in REQUIRED_BINARIES.items():
-        path = shutil.which(binary, path=_SEARCH_PATH)
+        search = _SEARCH_PATH
+        if slurm_prefix is not None and binary != "munged":
+            search = os.pathsep.join(str(d) for d in slurm_dirs(slurm_prefix))
+        path = shutil.which(binary, path=search)
         if path:
             found[binary] = path
         else:
             missing[binary] = package
+    if missing and slurm_prefix is not None and "munged" not in missing:
+        raise MissingDependencyError(
+            f"no {', '.join(sorted(missing))} under {slurm_prefix} (bin/, sbin/): is Slurm"
+            " installed there? Build it with deploy/lab/build-slurm.sh VERSION PREFIX"
+        )
     if missing:
         packages = " ".join(sorted(set(missing.values())))
         raise MissingDependencyError(
@@ -196,9 +215,13 @@ class Lab:
         *,
         start_timeout: float = 90.0,
         command_timeout: float = 30.0,
+        slurm_prefix: Path | None = None,
     ) -> None:
         self.layout = LabLayout(root)
         self._port_base = port_base
+        # A Slurm install of its own (e.g. 25.11 built from source) instead of the
+        # system's; remembered in the root so `down`/`status` later use the same one.
+        self._slurm_prefix = slurm_prefix.resolve() if slurm_prefix else None
         self.start_timeout = start_timeout
         self.command_timeout = command_timeout
 
@@ -227,9 +250,42 @@ class Lab:
         stored = self.spec
         return stored.port_base if stored else DEFAULT_PORT_BASE
 
+    @property
+    def slurm_prefix(self) -> Path | None:
+        """The Slurm install this lab runs (None: the system's), given or remembered."""
+        if self._slurm_prefix is not None:
+            return self._slurm_prefix
+        try:
+            stored = (self.root / _PREFIX_FILE).read_text().strip()
+        except OSError:
+            return None
+        return Path(stored) if stored else None
+
+    @property
+    def _stored_prefix(self) -> bool:
+        return (self.root / _PREFIX_FILE).is_file()
+
+    def slurm_version(self) -> tuple[int, int, int] | None:
+        """The version of the slurmctld this lab runs (`slurmctld -V`), None if unknown."""
+        try:
+            slurmctld = require_binaries(self.slurm_prefix)["slurmctld"]
+            out = subprocess.run(
+                [slurmctld, "-V"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except (MissingDependencyError, OSError, subprocess.TimeoutExpired):
+            return None
+        match = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+        return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
     def env_overrides(self) -> dict[str, str]:
         """What a Slurm client needs on top of a clean environment to talk to this lab."""
-        return {"SLURM_CONF": str(self.slurm_conf)}
+        env = {"SLURM_CONF": str(self.slurm_conf)}
+        prefix = self.slurm_prefix
+        if prefix is not None:
+            # Clients of another Slurm version cannot talk to this slurmctld.
+            dirs = [str(d) for d in slurm_dirs(prefix)]
+            env["PATH"] = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
+        return env
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """A full environment for Slurm client commands against this lab."""
@@ -253,7 +309,7 @@ class Lab:
                 stdin=subprocess.DEVNULL,
             )
         except FileNotFoundError:
-            require_binaries()
+            require_binaries(self.slurm_prefix)
             raise
         except subprocess.TimeoutExpired as error:
             raise LabError(f"{' '.join(argv)} timed out after {error.timeout:.0f} s") from None
@@ -365,14 +421,19 @@ class Lab:
     # -------------------------------------------------------------------- up
 
     def up(
-        self, nodes: int | None = None, gpus: int | None = None, cpus: int | None = None
+        self,
+        nodes: int | None = None,
+        gpus: int | None = None,
+        cpus: int | None = None,
+        *,
+        slurmd_timeout: int | None = None,
     ) -> LabStatus:
         """Start the lab, or whatever part of it is missing; return once every node is ready.
 
         A shape left unset is the one this root was last brought up with (else 4 nodes x
         8 GPUs x 8 CPUs). Asking a running lab for another shape is an error.
         """
-        binaries = require_binaries()
+        binaries = require_binaries(self.slurm_prefix)
         if os.geteuid() != 0:
             raise LabError(
                 "the Slurm lab must run as root (slurmd runs jobs as their owner and"
@@ -385,6 +446,7 @@ class Lab:
                 gpus=base.gpus if gpus is None else gpus,
                 cpus=base.cpus if cpus is None else cpus,
                 port_base=self.port_base,
+                slurmd_timeout=base.slurmd_timeout if slurmd_timeout is None else slurmd_timeout,
             )
         except ValidationError as error:
             problems = "; ".join(
@@ -399,6 +461,13 @@ class Lab:
         current = self.status()
         fresh = current.stopped
         if not fresh:
+            stored = (self.root / _PREFIX_FILE).read_text().strip() if self._stored_prefix else ""
+            if self._slurm_prefix is not None and str(self._slurm_prefix) != stored:
+                raise LabError(
+                    f"a lab is already running in {self.root} on Slurm from"
+                    f" {stored or 'the system'}; asked for {self._slurm_prefix}."
+                    " Run `trainmedic lab down` first."
+                )
             if current.spec != wanted:
                 raise LabError(
                     f"a lab is already running in {self.root} as {_describe(current.spec)};"
@@ -447,6 +516,14 @@ class Lab:
         layout.slurm_conf.write_text(
             render_slurm_conf(spec, layout, socket.gethostname().split(".")[0])
         )
+        cgroup_conf = render_cgroup_conf(self.slurm_version())
+        if cgroup_conf is not None:
+            (layout.etc / "cgroup.conf").write_text(cgroup_conf)
+        else:
+            (layout.etc / "cgroup.conf").unlink(missing_ok=True)
+        # Like the shape, the Slurm install sticks to the root until another is asked for.
+        if self.slurm_prefix is not None:
+            (self.root / _PREFIX_FILE).write_text(f"{self.slurm_prefix}\n")
         layout.gres_conf.write_text(render_gres_conf(spec, layout))
         layout.spec_file.write_text(spec.model_dump_json(indent=2) + "\n")
         log.info("lab config written to %s", layout.slurm_conf)
@@ -621,6 +698,7 @@ class Lab:
         nodes = spec.node_names if spec else []
         if self._slurmctld_pid() is not None:
             self._cancel_all()
+        agents.stop_agents(self)
         slurmds = [pid for pid in (self._slurmd_pid(n) for n in nodes) if pid is not None]
         procs.terminate(slurmds, grace=10.0)
         ctld = self._slurmctld_pid()
@@ -677,7 +755,7 @@ class Lab:
 
         Between tests: cancels all jobs, revives killed nodes, resumes drained or DOWN ones.
         """
-        binaries = require_binaries()
+        binaries = require_binaries(self.slurm_prefix)
         spec = self.spec
         if spec is None or self._slurmctld_pid() is None:
             raise LabError("the lab is not running; start it with `trainmedic lab up`")
@@ -686,6 +764,7 @@ class Lab:
             for name in spec.node_names:
                 if self._slurmd_pid(name) is None:
                     self._start_slurmd(binaries["slurmd"], name)
+                agents.revive_agent(self, name)
             for node in self.status().nodes:
                 if node.is_down or node.is_drained:
                     self._resume(node.name)
@@ -707,7 +786,8 @@ class Lab:
     # ---------------------------------------------------------- node faults
 
     def kill_node(self, name: str) -> list[int]:
-        """A hard node death: SIGKILL its slurmd, its step daemons and their job processes.
+        """A hard node death: SIGKILL its slurmd, its step daemons and their job processes,
+        and the node's agent when the lab runs one (`trainmedic.lab.agents`).
 
         Slurm notices on its own: the node goes DOWN (not responding) after
         SlurmdTimeout and its batch jobs are requeued. Returns the pids killed: none when
@@ -728,18 +808,20 @@ class Lab:
                 procs.wait_gone([slurmd], 5.0)
                 killed.append(slurmd)
             killed.extend(self._kill_steps(name))
+            killed.extend(agents.kill_agent(self, name))  # the node's agent dies with it
             log.info("killed node %s: pids %s", name, killed)
             return killed
 
     def revive_node(self, name: str) -> LabNode:
         """Start the node's slurmd again and wait until Slurm has it back in service."""
         self._known_node(name)
-        binaries = require_binaries()
+        binaries = require_binaries(self.slurm_prefix)
         with self._locked():
             if self._slurmctld_pid() is None:
                 raise LabError("the lab is not running; start it with `trainmedic lab up`")
             if self._slurmd_pid(name) is None:
                 self._start_slurmd(binaries["slurmd"], name)
+            agents.revive_agent(self, name)
             self._wait_nodes_ready([name])
             return self.status().node(name)
 

@@ -25,6 +25,9 @@ class LabSpec(BaseModel):
     gpus: int = Field(8, ge=0, le=64, description="fake GPUs per node")
     cpus: int = Field(8, ge=1, le=1024, description="CPUs each node claims")
     port_base: int = Field(DEFAULT_PORT_BASE, ge=1024, le=65535 - 100, description="slurmctld port")
+    # Slurm's own time to call a silent node DOWN. 5 s keeps lab tests short; production
+    # clusters run Slurm's default, 300 s (the agent channel's node-death tests use it).
+    slurmd_timeout: int = Field(5, ge=1, le=3600, description="SlurmdTimeout (seconds)")
 
     @property
     def node_names(self) -> list[str]:
@@ -182,7 +185,7 @@ def render_slurm_conf(spec: LabSpec, layout: LabLayout, controller_host: str) ->
         # registers again; a manual DOWN stays (2 would undo that at once).
         "ReturnToService=1",
         # A killed node is marked DOWN after this (plus one ping cycle).
-        "SlurmdTimeout=5",
+        f"SlurmdTimeout={spec.slurmd_timeout}",
         "MessageTimeout=5",
         "JobRequeue=1",
         "KillWait=5",
@@ -195,6 +198,19 @@ def render_slurm_conf(spec: LabSpec, layout: LabLayout, controller_host: str) ->
         )
     lines.append(f"PartitionName=gpu Nodes={compress(nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def render_cgroup_conf(version: tuple[int, int, int] | None) -> str | None:
+    """cgroup.conf for the lab, or None where the release needs none.
+
+    slurm.conf reads the same from 22.05 to 25.11 (tried: a 25.11.7 built from source
+    accepts the lab's file as is). 25.11's slurmd, though, loads a cgroup plugin even
+    with proctrack/linuxproc + task/none: without a cgroup.conf it picks cgroup/v1
+    ("deprecated" warning here) and on a cgroup v2 host without a delegated tree it may
+    fail. `CgroupPlugin=disabled` (unknown to 22.05, hence by version) turns that off."""
+    if version is None or version[:2] < (25, 11):
+        return None
+    return "# Written by `trainmedic lab up` (Slurm >= 25.11).\nCgroupPlugin=disabled\n"
 
 
 def render_gres_conf(spec: LabSpec, layout: LabLayout) -> str:

@@ -442,9 +442,11 @@ def build_slurm_detection(
         quarantine_task_queue=quarantine_task_queue,
         quarantine_cooldown=quarantine_cooldown,
     )
+    # With SLURM_ACCESS=pyslurm the watcher polls through the backend (libslurm in this
+    # process), not squeue/sinfo JSON: that is the point of choosing it.
     source = (
         JsonSource(runner, timeout=settings.slurm_command_timeout.total_seconds())
-        if runner is not None
+        if runner is not None and settings.slurm_access != "pyslurm"
         else None
     )
     held = HeldSignals(router)

@@ -14,34 +14,46 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from trainmedic.activities.attribution import AttributionActivities, Attributor
-from trainmedic.activities.control import ControlActivities, ensure_control
+from trainmedic.activities.control import ControlActivities, ControlOffenseLedger, ensure_control
 from trainmedic.activities.notify import NotifyActivities
-from trainmedic.activities.quarantine import (
-    NodeHealth,
-    QuarantineActivities,
-    SlurmNodeHealth,
-    lab_gpu_devices,
-)
+from trainmedic.activities.quarantine import QuarantineActivities
 from trainmedic.activities.slurm import SlurmActivities
+from trainmedic.activities.telemetry import TelemetryActivities
 from trainmedic.adapters.slurm import SlurmBackend, SlurmCli
 from trainmedic.adapters.slurm.remote_logs import RemoteLogs
 from trainmedic.config import Policy, Settings
 from trainmedic.domain.control import SetPolicyRequest
+from trainmedic.health.probe import HttpNodeHealthProbe, LabNodeHealthProbe, NodeHealthProbe
 from trainmedic.lab import Lab
+from trainmedic.telemetry import is_tracing, setup_telemetry, tracing_interceptor
 from trainmedic.temporal.client import require_search_attributes
 from trainmedic.watchers.router import local_runner
+from trainmedic.workers.lease import LeaseHolder
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.lease import LeaseWorkflow
 from trainmedic.workflows.quarantine import NodeQuarantineWorkflow
 from trainmedic.workflows.recovery import RecoveryWorkflow
 
 logger = logging.getLogger(__name__)
 
-WORKFLOWS: Sequence[type] = (RecoveryWorkflow, ControlWorkflow, NodeQuarantineWorkflow)
+WORKFLOWS: Sequence[type] = (
+    RecoveryWorkflow,
+    ControlWorkflow,
+    NodeQuarantineWorkflow,
+    LeaseWorkflow,
+)
 
 
 def slurm_backend(settings: Settings) -> SlurmBackend:
     """Slurm's commands on this host, or over SSH: the runner is the one the watchers'
-    JSON polls use (in ssh mode, the same connection)."""
+    JSON polls use (in ssh mode, the same connection). With slurm_access=pyslurm,
+    libslurm in this process (refused, with the reason, where pyslurm cannot serve)."""
+    if settings.slurm_access == "pyslurm":
+        from trainmedic.adapters.slurm.pyslurm_backend import PySlurmBackend
+
+        return PySlurmBackend.open(
+            settings.slurm_conf, timeout=settings.slurm_command_timeout.total_seconds()
+        )
     return SlurmCli(local_runner(settings), timeout=settings.slurm_command_timeout.total_seconds())
 
 
@@ -51,17 +63,25 @@ def default_attributor() -> Attributor:
     return CatalogAttributor()
 
 
-def node_health(backend: SlurmBackend, lab: Lab | None) -> NodeHealth:
-    """Slurm's view of the node; in the lab also its fake GPU devices and their NVML."""
-    if lab is None:
-        return SlurmNodeHealth(backend)
-    from trainmedic.adapters.nvml.fake import FakeNvml
-    from trainmedic.lab.workload import nvml_state
+def health_probe(settings: Settings, lab: Lab | None) -> NodeHealthProbe:
+    """Where the quarantine's health check runs: each node's agent (`GET /health`,
+    answers signed with the site key); in the lab, the lab node's fake GPUs."""
+    if lab is not None:
+        from trainmedic.lab.workload import nvml_state
 
-    return SlurmNodeHealth(
-        backend,
-        lab_gpu_devices(lab.layout.gpu_dir),
-        gpu_health=lambda node: FakeNvml.from_file(nvml_state(lab, node)),
+        return LabNodeHealthProbe(lambda node: nvml_state(lab, node))
+    from trainmedic.watchers.spoolfile import load_key
+
+    site = settings.agent_key_file or settings.spool_key_file
+    key = load_key(site) if site else None
+    if key is None:
+        logger.warning(
+            "no site key (TRAINMEDIC_AGENT_KEY_FILE or _SPOOL_KEY_FILE): node agents' health "
+            "answers cannot be verified, so quarantined nodes stay out until a person "
+            "releases them"
+        )
+    return HttpNodeHealthProbe(
+        settings.agent_health_url, key, timeout_s=settings.agent_health_timeout.total_seconds()
     )
 
 
@@ -109,8 +129,13 @@ def build_activities(
         remote_logs=remote_logs(settings),
     )
     control = ControlActivities(client, policy, settings.temporal_task_queue, backend)
-    quarantine = QuarantineActivities(backend, node_health(backend, lab))
+    quarantine = QuarantineActivities(
+        backend,
+        health_probe(settings, lab),
+        ControlOffenseLedger(client, policy, settings.temporal_task_queue),
+    )
     return [
+        quarantine.assess,
         quarantine.check_health,
         quarantine.resume_node,
         slurm.gather_evidence,
@@ -123,6 +148,7 @@ def build_activities(
         control.confirm_isolation,
         control.reserve_restart,
         notify_activities(settings).notify,
+        TelemetryActivities().record_outcome,
     ]
 
 
@@ -133,6 +159,17 @@ async def sync_policy(client: Client, settings: Settings, policy: Policy) -> Non
         ControlWorkflow.run, control_workflow_id(settings.cluster)
     )
     current = await handle.query(ControlWorkflow.current)
+    if current.policy.version.startswith(f"{policy.version}+"):
+        # `trainmedic mode promote` raised action kinds on top of this same file: keep
+        # them (a restart must not undo an operator's promotion); a new file replaces them.
+        logger.info(
+            "policy of %s is %s: the file's %s with promotions, kept; copy them into the "
+            "file to make them permanent",
+            settings.cluster,
+            current.policy.version,
+            policy.version,
+        )
+        return
     if current.policy != policy:
         await handle.execute_update(
             ControlWorkflow.set_policy,
@@ -152,13 +189,20 @@ def build_worker(
     backend: SlurmBackend | None = None,
     attributor: Attributor | None = None,
     lab: Lab | None = None,
+    *,
+    tracing: bool = True,
 ) -> Worker:
+    # Clients from open_client carry the tracing interceptor, and the worker takes it
+    # from there (adding it twice would trace everything twice); a client built without
+    # it still gets traced workflows and activities, unless `tracing` is off.
+    traced = any(is_tracing(i) for i in client.config()["interceptors"])
     return Worker(
         client,
         task_queue=settings.temporal_task_queue,
         workflows=list(WORKFLOWS),
         activities=build_activities(client, settings, policy, backend, attributor, lab),
         activity_executor=ThreadPoolExecutor(max_workers=8),
+        interceptors=[tracing_interceptor()] if tracing and not traced else [],
     )
 
 
@@ -180,6 +224,8 @@ async def run_controller(
     from trainmedic.workers.detection import build_detection
 
     await require_search_attributes(client)
+    # Metrics endpoint and OTLP export, once per process (trainmedic.telemetry).
+    telemetry = setup_telemetry(settings)
     backend = slurm_backend(settings)
     worker = build_worker(client, settings, policy, backend=backend, lab=lab)
     logger.info(
@@ -193,17 +239,53 @@ async def run_controller(
         if not detect:
             await stop.wait()
             return
-        agents, nvml = [], {}
-        if lab is not None:
-            from trainmedic.lab.workload import kernel_log, lab_nodes, nvml_state, prepare_nodes
 
-            prepare_nodes(lab)
-            agents = [(node, kernel_log(lab, node)) for node in lab_nodes(lab)]
-            nvml = {node: nvml_state(lab, node) for node in lab_nodes(lab)}
-        detection = build_detection(
-            client, settings, backend, agents=agents, nvml_states=nvml, hang_after=hang_after
+        async def watch(lost: asyncio.Event, took_over: bool) -> None:
+            """Detection for one term of the lease: built fresh, stopped by `lost`."""
+            agents, nvml = [], {}
+            probes = None
+            if lab is not None:
+                from trainmedic.lab import agents as lab_agents
+                from trainmedic.lab.workload import kernel_log, lab_nodes, nvml_state, prepare_nodes
+
+                prepare_nodes(lab)
+                if settings.agent_channel:
+                    # The lab's agents run as processes of their own and push over the channel.
+                    probes = lab_agents.lab_probes(lab)
+                else:
+                    agents = [(node, kernel_log(lab, node)) for node in lab_nodes(lab)]
+                    nvml = {node: nvml_state(lab, node) for node in lab_nodes(lab)}
+            detection = build_detection(
+                client,
+                settings,
+                backend,
+                agents=agents,
+                nvml_states=nvml,
+                hang_after=hang_after,
+                probes=probes,
+            )
+            if lab is not None and detection.receiver is not None:
+                receiver = detection.receiver
+                await receiver.start()
+                lab_agents.start_agents(
+                    lab,
+                    lab_agents.controller_address(receiver.host, receiver.port),
+                    settings.agent_key_file or settings.spool_key_file,
+                )
+            telemetry.watch(detection)  # watcher cycle times, spool depths
+            detection.slurm.watcher.catch_up_ended = took_over
+            await detection.run(lost)
+
+        # Two controllers for availability: both serve the task queue above; the one
+        # holding the cluster's lease runs detection (workers/lease.py).
+        lease = LeaseHolder(
+            client,
+            settings.cluster,
+            settings.controller_id,
+            settings.temporal_task_queue,
+            ttl=settings.lease_ttl,
         )
-        await detection.run(stop)
+        await lease.lead(stop, watch)
 
 
 async def run_worker(

@@ -29,13 +29,23 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from trainmedic.adapters.slurm import SlurmBackend, SlurmError
+from trainmedic.channel.liveness import (
+    AgentProbe,
+    AgentTable,
+    NodeDeathDetector,
+    NodeProbe,
+    slurmd_probe,
+)
+from trainmedic.channel.receiver import AgentReceiver
 from trainmedic.config import Settings
 from trainmedic.domain import EvidenceSource
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.domain.slurm import SlurmJob
+from trainmedic.errors import ConfigError
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.logs import LogWatchConfig, LogWatcher
 from trainmedic.watchers.node import NodeAgent
+from trainmedic.watchers.remote_tail import RemoteFiles
 from trainmedic.watchers.router import (
     HeldSignals,
     IncidentRouter,
@@ -50,6 +60,7 @@ from trainmedic.watchers.spoolfile import (
     SpoolItem,
     SpoolPolicy,
     SpoolRefused,
+    load_key,
     spool_policy,
 )
 from trainmedic.workers.node_agent import SIGNAL_PURPOSE, agent_signal_problem
@@ -57,7 +68,15 @@ from trainmedic.workers.node_agent import SIGNAL_PURPOSE, agent_signal_problem
 logger = logging.getLogger(__name__)
 
 # Node-agent findings name a node, not a job; the jobs on that node are what failed.
-NODE_SOURCES = frozenset({EvidenceSource.KERNEL.value, EvidenceSource.NVML.value})
+# So does the controller's own verdict that a node died (its agent silent, the node not
+# answering: trainmedic.channel.liveness).
+NODE_SOURCES = frozenset(
+    {
+        EvidenceSource.KERNEL.value,
+        EvidenceSource.NVML.value,
+        EvidenceSource.AGENT_HEARTBEAT.value,
+    }
+)
 
 
 class NodeFanout:
@@ -195,6 +214,9 @@ class Detection:
     # In front of the fanout for in-process node agents, which keep no spool: their
     # findings wait here for Temporal instead of being lost.
     held: HeldSignals | None = None
+    # The agent channel (settings.agent_channel): receiver and node-death detector.
+    receiver: AgentReceiver | None = None
+    liveness: NodeDeathDetector | None = None
 
     @property
     def router(self) -> IncidentRouter:
@@ -208,7 +230,18 @@ class Detection:
             *(agent.run(stop) for agent in self.agents),
             *(spool.run(stop) for spool in self.spools),
             *([self.held.run(stop)] if self.held else []),
+            *([self.receiver.run(stop)] if self.receiver else []),
+            *([self.liveness.run(stop)] if self.liveness else []),
         )
+
+
+def remote_files(settings: Settings) -> RemoteFiles | None:
+    """SSH mode: the job logs are read over the Slurm connection (one command a cycle)."""
+    if settings.slurm_access != "ssh":
+        return None
+    from trainmedic.adapters.slurm.ssh import ssh_runner
+
+    return RemoteFiles(ssh_runner(settings))
 
 
 def build_detection(
@@ -222,8 +255,14 @@ def build_detection(
     nvml_states: dict[str, Path] | None = None,
     signal_spool: Path | None = None,
     quarantine_cooldown: timedelta = timedelta(minutes=10),
+    agent_channel: bool | None = None,
+    probes: Sequence[NodeProbe] | None = None,
 ) -> Detection:
     """Everything `trainmedic up` and `trainmedic worker` run beside the worker.
+
+    `agent_channel` (default: settings.agent_channel) adds the agents' HTTP receiver and
+    the node-death detector; `probes` are its direct questions to a silent node
+    (default: a TCP connect to slurmd on the address the node's heartbeats come from).
 
     `agents` are (node, kernel log file) pairs followed in-process: the lab's nodes.
     On a real cluster node agents run on the nodes and deliver through `signal_spool`.
@@ -241,7 +280,9 @@ def build_detection(
     )
     fanout = NodeFanout(slurm.router, slurm.watcher)
     config = LogWatchConfig.model_validate({"progress": {"hang_after": hang_after}})
-    logs = LogWatcher(slurm.router, cluster=settings.cluster, config=config)
+    logs = LogWatcher(
+        slurm.router, cluster=settings.cluster, config=config, remote=remote_files(settings)
+    )
     follower = JobFollower(backend, slurm.watcher, logs, interval=min(interval, 1.0))
     held = HeldSignals(fanout)
     node_agents = [
@@ -262,6 +303,9 @@ def build_detection(
             policy=spool_policy(settings, signed=True),
         )
     ]
+    receiver, liveness = None, None
+    if settings.agent_channel if agent_channel is None else agent_channel:
+        receiver, liveness = build_agent_channel(settings, fanout, held, slurm.watcher, probes)
     return Detection(
         slurm=slurm,
         logs=logs,
@@ -270,4 +314,83 @@ def build_detection(
         agents=node_agents,
         spools=spools,
         held=held,
+        receiver=receiver,
+        liveness=liveness,
     )
+
+
+def agent_site_key(settings: Settings) -> bytes:
+    """The site key the agent channel derives node keys from; ConfigError if unset."""
+    path = settings.agent_key_file or settings.spool_key_file
+    if path is None:
+        raise ConfigError(
+            "environment (TRAINMEDIC_*)",
+            [
+                "TRAINMEDIC_AGENT_CHANNEL is on but no key is set: set "
+                "TRAINMEDIC_AGENT_KEY_FILE (or TRAINMEDIC_SPOOL_KEY_FILE) to a 0600 file "
+                "of at least 16 random bytes"
+            ],
+        )
+    return load_key(path)
+
+
+def build_agent_channel(
+    settings: Settings,
+    fanout: SignalSink,
+    held: SignalSink,
+    watcher: SlurmWatcher,
+    probes: Sequence[NodeProbe] | None = None,
+) -> tuple[AgentReceiver, NodeDeathDetector]:
+    """The receiver (findings -> `fanout`, answered 503 when it cannot take them) and the
+    node-death detector (its verdicts wait in `held` while Temporal is away)."""
+    host, _, port = settings.agent_listen.rpartition(":")
+    table = AgentTable()
+    receiver = AgentReceiver(
+        fanout,
+        agent_site_key(settings),
+        table,
+        host=host.strip("[]"),
+        port=int(port),
+        replay_window=settings.agent_replay_window.total_seconds(),
+        max_body=settings.agent_max_body,
+        rate=settings.agent_rate_per_node,
+        burst=max(20.0, 4 * settings.agent_rate_per_node),
+    )
+    if probes is None:
+        timeout = settings.agent_probe_timeout.total_seconds()
+        port_ = settings.agent_slurmd_port
+        probes = [AgentProbe(timeout), *([slurmd_probe(port_, timeout)] if port_ else [])]
+
+    running: dict[str, list[str]] = {}
+    seen: list[object] = [None]
+
+    def jobs_on(node: str) -> list[str]:
+        """Running jobs per node, computed once per Slurm view (20,000 jobs)."""
+        view = watcher.view
+        if view is None:
+            return []
+        if seen[0] is not view:
+            seen[0] = view
+            running.clear()
+            for job in view.jobs.values():
+                if job.state == "RUNNING":
+                    for name in job.node_names():
+                        running.setdefault(name, []).append(job.job_id)
+        return running.get(node, [])
+
+    def slurm_state(node: str) -> str | None:
+        view = watcher.view
+        found = view.nodes.get(node) if view is not None else None
+        return found.state_text if found is not None else None
+
+    liveness = NodeDeathDetector(
+        table,
+        held,
+        jobs_on=jobs_on,
+        slurm_state=slurm_state,
+        probes=probes,
+        silence=settings.agent_silence.total_seconds(),
+        probe_interval=settings.agent_probe_interval.total_seconds(),
+        failures_needed=settings.agent_probe_failures,
+    )
+    return receiver, liveness
