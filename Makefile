@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps demo up test lint unit integration bench bench-quick format clean deploy-check test-pyslurm
+.PHONY: install system-deps demo demo-ssh up test lint unit integration bench bench-quick format clean deploy-check test-pyslurm
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -20,8 +20,13 @@ system-deps:
 	@bash deploy/lab/install-deps.sh
 
 ## demo: the main job on the embedded default (Temporal dev server + Slurm lab)
+DEMO_ARGS ?=
 demo: install
-	$(BIN)/trainmedic demo
+	$(BIN)/trainmedic demo $(DEMO_ARGS)
+
+## demo-ssh: the same story with Slurm reached over SSH (a real sshd on loopback)
+demo-ssh: install
+	$(BIN)/trainmedic demo --slurm-access ssh $(DEMO_ARGS)
 
 ## up: the long-running controller on the embedded default (Ctrl-C stops it)
 up: install

@@ -148,3 +148,21 @@ def test_second_demo_tells_only_its_own_story(demo_env: DemoEnv) -> None:
     # And the second closed its own when it ended: nothing is left to wake up later.
     assert "closed 1 node quarantine that the demo opened: the next demo starts clean" in second
     assert asyncio.run(open_workflows(demo_env)) == {}
+
+
+def test_the_demo_over_ssh(demo_env: DemoEnv) -> None:
+    """`make demo-ssh`: the same story with every Slurm command, poll and log read going
+    over one verified SSH connection to a real sshd on loopback."""
+    from trainmedic.lab.sshd import sshd_unavailable_reason
+
+    reason = sshd_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("TRAINMEDIC_REQUIRE_LAB") == "1":
+            pytest.fail(f"TRAINMEDIC_REQUIRE_LAB=1 but the loopback sshd cannot run: {reason}")
+        pytest.skip(reason)
+    out = demo_env.run("--slurm-access", "ssh")
+    assert "Slurm over SSH: " in out and "host key checked against" in out
+    node = drained_node(out)
+    assert re.search(rf"resumed from checkpoint step \d+\S* on (?!.*{node})", out), out
+    assert "demo done" in out
+    assert "Traceback" not in out

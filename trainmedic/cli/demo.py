@@ -36,6 +36,7 @@ from trainmedic.domain.incident import EffectStatus, IncidentStatus
 from trainmedic.errors import TrainmedicError
 from trainmedic.lab import Lab
 from trainmedic.lab.faults import Fault
+from trainmedic.lab.sshd import loopback_sshd
 from trainmedic.lab.workload import (
     TrainingSpec,
     checkpoint_dir,
@@ -311,8 +312,16 @@ async def _story(config: Settings, lab: Lab, fault: Fault, ui_url: str, keep: bo
 def demo(
     fault: Fault = typer.Option(Fault.XID79, help="The fault to inject."),
     keep: bool = typer.Option(False, help="Leave the dev server and the lab running."),
+    slurm_access: str = typer.Option(
+        "local",
+        "--slurm-access",
+        help="local, or ssh: reach the lab's Slurm over SSH (a real sshd on loopback, its "
+        "host key checked against a known_hosts file), as a controller off-cluster would.",
+    ),
 ) -> None:
     """The main job's story: training, a fault, and trainmedic recovering it."""
+    if slurm_access not in ("local", "ssh"):
+        raise typer.BadParameter("local or ssh", param_hint="--slurm-access")
     # The timeline is the output; service logs only for warnings (-v shows them all).
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger().setLevel(logging.WARNING)
@@ -321,12 +330,30 @@ def demo(
     lab = Lab(config.lab_dir, port_base=config.lab_port_base)
     started_server = server.pid() is None
     started_lab = not lab.status().running
+    stack = contextlib.ExitStack()
     try:
         with console.status("starting the Temporal dev server..."):
             status = server.start()
         with console.status("starting the Slurm lab (4 nodes x 8 GPUs)..."):
             lab.up(nodes=4, gpus=8)
         config = config.model_copy(update={"slurm_conf": lab.slurm_conf})
+        if slurm_access == "ssh":
+            sshd = stack.enter_context(loopback_sshd())
+            config = config.model_copy(
+                update={
+                    "slurm_access": "ssh",
+                    "ssh_host": sshd.host,
+                    "ssh_port": sshd.port,
+                    "ssh_user": sshd.user,
+                    "ssh_key": sshd.client_key,
+                    "ssh_known_hosts": sshd.known_hosts,
+                }
+            )
+            console.print(
+                f"Slurm over SSH: {sshd.user}@{sshd.host}:{sshd.port} (a real sshd on "
+                f"loopback; its host key checked against {sshd.known_hosts}); every Slurm "
+                "command, poll and job-log read goes over one connection."
+            )
         console.print(
             f"[bold]trainmedic demo[/] - Temporal UI {status.ui_url}, cluster "
             f"{config.cluster}, lab nodes gpu01-gpu04. The cluster runs in auto mode for "
@@ -334,6 +361,7 @@ def demo(
         )
         ok = asyncio.run(_story(config, lab, fault, status.ui_url, keep))
     finally:
+        stack.close()
         if not keep:
             with console.status("stopping what the demo started..."):
                 if started_lab:
