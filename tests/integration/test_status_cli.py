@@ -81,6 +81,17 @@ async def test_status_shows_the_incident_its_times_and_the_goodput(
     assert "last 24h: 1 incidents closed: recovered 1" in out
     assert "time saved (estimate" in out
 
+    code, out, err = await cli(incidents_cli.app, ["show", incident, "--json", *address])
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["outcome"] == "recovered" and shown["times"]["running_again_at"]
+    code, out, _ = await cli(incidents_cli.app, ["show", incident, *address])
+    assert "time: " in out and "failure to running again" in out
+    code, out, _ = await cli(incidents_cli.app, ["list", "--cluster", cluster, "--json", *address])
+    assert code == 0
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert [row["incident_id"] for row in listed] == [incident]
+
     code, _, err = await cli(main_app, ["status", "--cluster", "nosuch", *address])
     assert code == 2 and "has no control workflow" in err
     code, _, err = await cli(main_app, ["status", "--since", "soon", *address])

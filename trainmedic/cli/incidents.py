@@ -9,6 +9,7 @@ wrong stage) is refused with the workflow's own message and leaves no history ev
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -117,6 +118,7 @@ def list_cmd(
     cluster: str | None = typer.Option(None, "--cluster", help="Only this cluster."),
     open_only: bool = typer.Option(False, "--open", help="Only incidents still running."),
     limit: int = typer.Option(20, "--limit", min=1, help="At most this many, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
     address: str | None = ADDRESS,
 ) -> None:
     """Recent incidents with their stage, category and outcome (from visibility, which may
@@ -134,6 +136,23 @@ def list_cmd(
             raise Refused(f"listing incidents: {error.message}") from None
 
     rows = _run(work, address)
+    if as_json:
+        for w in rows:
+            attrs = w.typed_search_attributes
+            print(
+                json.dumps(
+                    {
+                        "incident_id": w.id,
+                        "started": w.start_time.isoformat() if w.start_time else None,
+                        "status": w.status.name.lower() if w.status else None,
+                        "stage": attrs.get(TM_STAGE),
+                        "mode": attrs.get(TM_MODE),
+                        "category": attrs.get(TM_CATEGORY),
+                        "outcome": attrs.get(TM_OUTCOME),
+                    }
+                )
+            )
+        return
     table = Table(title=f"incidents ({len(rows)})", show_lines=False)
     table.add_column("incident", no_wrap=True)  # copied into `show`/`approve`: never cut
     for column in ("started", "status", "stage", "mode", "category", "outcome"):
@@ -256,13 +275,33 @@ def _print_decisions(decisions: list[Decision], ignored: list[str]) -> None:
 
 
 @app.command("show")
-def show_cmd(incident_id: str, address: str | None = ADDRESS) -> None:
+def show_cmd(
+    incident_id: str,
+    as_json: bool = typer.Option(False, "--json", help="The result or status as JSON."),
+    address: str | None = ADDRESS,
+) -> None:
     """Where an incident is: diagnosis, evidence, effects (with Slurm commands), decisions,
-    and what it waits for."""
+    what it waits for, and (once over) what it cost the job."""
     shown = _run(lambda client: _status(client, incident_id), address)
+    if as_json:
+        print(shown.model_dump_json())
+        return
     console.print(f"[bold]{incident_id}[/]")
     if isinstance(shown, IncidentResult):
         console.print(f"outcome: [bold]{shown.outcome.value}[/] - {shown.summary}")
+        times = shown.times
+        parts = [
+            f"{what} {value:.1f}s"
+            for what, value in (
+                ("detected in", times.detect_s()),
+                ("first effect after", times.act_s()),
+                ("failure to running again", times.down_s()),
+            )
+            if value is not None
+        ]
+        if parts:
+            lost = f"; work since {times.last_progress} lost" if times.last_progress else ""
+            console.print(f"time: {', '.join(parts)}{lost}", markup=False, soft_wrap=True)
         _print_diagnosis(shown.diagnosis)
         _print_effects(shown.effects)
         if shown.decisions:
