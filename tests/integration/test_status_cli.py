@@ -92,6 +92,11 @@ async def test_status_shows_the_incident_its_times_and_the_goodput(
     listed = [json.loads(line) for line in out.splitlines()]
     assert [row["incident_id"] for row in listed] == [incident]
 
+    mode = ["mode", cluster, "approve", "--by", "erin", "--json", *address]
+    code, out, err = await cli(incidents_cli.app, mode)
+    assert code == 0, err
+    assert json.loads(out) == {"cluster": cluster, "mode": "approve", "by": "erin"}
+
     code, _, err = await cli(main_app, ["status", "--cluster", "nosuch", *address])
     assert code == 2 and "has no control workflow" in err
     code, _, err = await cli(main_app, ["status", "--since", "soon", *address])

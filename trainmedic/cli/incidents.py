@@ -363,10 +363,19 @@ async def _closed_reason(client: Client, incident_id: str, then: str = "nothing 
 
 
 def _decide_cmd(
-    incident_id: str, decision: str, action: str, by: str, comment: str, address: str | None
+    incident_id: str,
+    decision: str,
+    action: str,
+    by: str,
+    comment: str,
+    address: str | None,
+    as_json: bool = False,
 ) -> None:
     payload = DecisionPayload(action=action, by=by, comment=comment, decision=decision)
     status = _run(lambda client: decide(client, incident_id, payload), address)
+    if as_json:
+        print(status.model_dump_json())
+        return
     last = status.decisions[-1] if status.decisions else None
     touched = ", ".join(last.effect_ids) if last and last.effect_ids else action
     verb = "approved" if decision == "approve" else "rejected"
@@ -385,6 +394,7 @@ def _who(value: str) -> str:
 
 
 BY = typer.Option(..., "--by", help="Who decides (recorded in the audit trail).", callback=_who)
+JSON = typer.Option(False, "--json", help="The answer as JSON.")
 ACTION = typer.Option("all", "--action", help="An effect id (e.g. drain-gpu02) or 'all'.")
 COMMENT = typer.Option("", "--comment", help="Why.")
 
@@ -395,10 +405,11 @@ def approve_cmd(
     action: str = ACTION,
     by: str = BY,
     comment: str = COMMENT,
+    as_json: bool = JSON,
     address: str | None = ADDRESS,
 ) -> None:
     """Approve an effect that waits for approval (through the validated `decide` update)."""
-    _decide_cmd(incident_id, "approve", action, by, comment, address)
+    _decide_cmd(incident_id, "approve", action, by, comment, address, as_json)
 
 
 @app.command("reject")
@@ -407,10 +418,11 @@ def reject_cmd(
     action: str = ACTION,
     by: str = BY,
     comment: str = COMMENT,
+    as_json: bool = JSON,
     address: str | None = ADDRESS,
 ) -> None:
     """Reject an effect that waits for approval: it is not done, and the incident says so."""
-    _decide_cmd(incident_id, "reject", action, by, comment, address)
+    _decide_cmd(incident_id, "reject", action, by, comment, address, as_json)
 
 
 # ------------------------------------------------------------------------ mode
@@ -439,11 +451,15 @@ def mode_cmd(
     mode: Mode,
     by: str = typer.Option(..., "--by", help="Who changes it (recorded).", callback=_who),
     reason: str = typer.Option("", "--reason", help="Why (recorded)."),
+    as_json: bool = JSON,
     address: str | None = ADDRESS,
 ) -> None:
     """Set a cluster's mode (monitor, approve, auto) on its ControlWorkflow."""
     request = SetModeRequest(mode=mode, by=by, reason=reason)
     now = _run(lambda client: set_mode(client, cluster, request), address)
+    if as_json:
+        print(json.dumps({"cluster": cluster, "mode": now.value, "by": by}))
+        return
     console.print(f"cluster {cluster}: mode {now.value} (by {by})", markup=False, soft_wrap=True)
 
 
@@ -524,8 +540,12 @@ def cancel_cmd(
     incident_id: str,
     by: str = typer.Option(..., "--by", help="Who cancels (recorded).", callback=_who),
     reason: str = typer.Option("", "--reason", help="Why (recorded)."),
+    as_json: bool = JSON,
     address: str | None = ADDRESS,
 ) -> None:
     """Cancel an open incident: an effect under way finishes, none after it starts."""
     said = _run(lambda client: cancel(client, incident_id, by, reason), address)
+    if as_json:
+        print(json.dumps({"incident_id": incident_id, "cancel_requested": True, "by": by}))
+        return
     console.print(said, markup=False, soft_wrap=True)
