@@ -97,7 +97,9 @@ async def open_workflows(env: DemoEnv) -> dict[str, str]:
     return {
         w.id: w.run_id or ""
         async for w in client.list_workflows(
-            "ExecutionStatus = 'Running' AND WorkflowType != 'ControlWorkflow'"
+            # The cluster's control and lease workflows live as long as the cluster.
+            "ExecutionStatus = 'Running' AND WorkflowType != 'ControlWorkflow' "
+            "AND WorkflowType != 'LeaseWorkflow'"
         )
     }
 

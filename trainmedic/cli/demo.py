@@ -337,6 +337,10 @@ def demo(
         with console.status("starting the Slurm lab (4 nodes x 8 GPUs)..."):
             lab.up(nodes=4, gpus=8)
         config = config.model_copy(update={"slurm_conf": lab.slurm_conf})
+        if "metrics_address" not in config.model_fields_set:
+            # A story, not a service: no metrics endpoint unless one was asked for (the
+            # default port may be a running controller's, and its error would be noise).
+            config = config.model_copy(update={"metrics_address": ""})
         if slurm_access == "ssh":
             sshd = stack.enter_context(loopback_sshd())
             config = config.model_copy(

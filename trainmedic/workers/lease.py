@@ -95,6 +95,11 @@ class LeaseHolder:
                     grant = await self._ask()
                     complained = False
                 except Exception as error:  # Temporal unreachable, update timed out
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        # The SDK reports a cancelled update call as an exception of its
+                        # own: this task is being cancelled, so stop instead of retrying.
+                        raise asyncio.CancelledError from error
                     grant = None
                     if not complained:
                         logger.warning("lease of %s: cannot renew (%s)", self.cluster, error)
