@@ -149,49 +149,40 @@ class SlurmCli:
     # ------------------------------------------------------------------ node effects
 
     async def drain_node(self, name: str, reason: str) -> EffectResult:
-        name = _validate_node(name)
-        reason = _validate_text("drain reason", reason)
-        node = await self.get_node(name)
-        if node.drain_flag:
-            how = "drained" if node.is_drained else "draining"
-            return EffectResult(
-                changed=False,
-                detail=f"{name} already {how} (reason: {node.reason or 'none'}); reason kept",
-                before=node.state_text,
-                after=node.state_text,
-            )
-        argv = ["scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"]
-        await self._run(argv)
-        after = await self.get_node(name)
-        return EffectResult(
-            command=argv,
-            changed=True,
-            detail=f"{name} set to drain: {reason}",
-            before=node.state_text,
-            after=after.state_text,
-        )
+        return await self._set_node_state(name, "DRAIN", reason)
 
     async def down_node(self, name: str, reason: str) -> EffectResult:
         """Mark a dead node DOWN. A drained dead node keeps its jobs COMPLETING until
         Slurm's own SlurmdTimeout (seen in the lab with 300 s); DOWN is what Slurm does
         then, and it requeues the node's batch jobs at once."""
+        return await self._set_node_state(name, "DOWN", reason)
+
+    async def _set_node_state(self, name: str, state: str, reason: str) -> EffectResult:
+        """DRAIN or DOWN with a reason, idempotent: a node already there keeps its reason."""
         name = _validate_node(name)
-        reason = _validate_text("down reason", reason)
+        reason = _validate_text(f"{state.lower()} reason", reason)
         node = await self.get_node(name)
-        if node.is_down:
+        if state == "DRAIN" and node.drain_flag:
+            already = "drained" if node.is_drained else "draining"
+        elif state == "DOWN" and node.is_down:
+            already = "down"
+        else:
+            already = ""
+        if already:
             return EffectResult(
                 changed=False,
-                detail=f"{name} already down (reason: {node.reason or 'none'}); reason kept",
+                detail=f"{name} already {already} (reason: {node.reason or 'none'}); reason kept",
                 before=node.state_text,
                 after=node.state_text,
             )
-        argv = ["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}"]
+        argv = ["scontrol", "update", f"NodeName={name}", f"State={state}", f"Reason={reason}"]
         await self._run(argv)
         after = await self.get_node(name)
+        done = "set to drain" if state == "DRAIN" else "set DOWN"
         return EffectResult(
             command=argv,
             changed=True,
-            detail=f"{name} set DOWN: {reason}",
+            detail=f"{name} {done}: {reason}",
             before=node.state_text,
             after=after.state_text,
         )
