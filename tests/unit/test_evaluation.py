@@ -322,3 +322,15 @@ def test_cli_eval_without_labels_is_a_clean_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), ["attribution", "eval", str(tmp_path)])
     assert result.exit_code == 2 and "no labels files" in result.output
     assert "Traceback" not in result.output
+
+
+def test_regenerating_a_split_keeps_its_hand_kept_dangerous_list(tmp_path: Path) -> None:
+    path = tmp_path / "known.json"
+    path.write_text(
+        json.dumps({"splits": {"eval": {"category": ["old"], "dangerous": ["x.log"]}}}),
+        encoding="utf-8",
+    )
+    write_known_misses(path, "eval", summarise([]))
+    known = read_known_misses(path)["eval"]
+    # The scored aspects are rewritten from the report; the person's list stays.
+    assert known["category"] == [] and known["dangerous"] == ["x.log"]

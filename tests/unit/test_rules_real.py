@@ -79,10 +79,10 @@ CASES = [
         Action.STOP,
     ),
     (
-        "DataLoader worker SIGKILLed: host OOM, a person confirms",
+        "DataLoader worker SIGKILLed: host OOM that a restart repeats, stop",
         "RuntimeError: DataLoader worker (pid 1817) is killed by signal: Killed. ",
         Category.OOM_HOST,
-        Action.ESCALATE,
+        Action.STOP,
     ),
     (
         "submitit requeues on preemption: wait, do not double it",

@@ -542,9 +542,12 @@ def read_known_misses(path: Path) -> dict[str, dict[str, list[str]]]:
 
 
 def write_known_misses(path: Path, split: str, report: EvalReport) -> dict[str, list[str]]:
-    """Record `report`'s misses as `split`'s entry of `path`, keeping the other splits."""
+    """Record `report`'s misses as `split`'s entry of `path`, keeping the other splits
+    and any hand-kept aspect of this one (eval's accepted "dangerous" list: a person
+    decides it, so a regeneration must not drop it silently)."""
     splits = read_known_misses(path)
-    splits[split] = misses(report)
+    hand_kept = {k: v for k, v in splits.get(split, {}).items() if k not in ASPECTS}
+    splits[split] = {**misses(report), **hand_kept}
     data = {
         "about": (
             "Cases each split fails today, per aspect. tests/unit/test_corpus_real.py fails"
