@@ -170,9 +170,8 @@ async def _child(folder: Path, mode: str, cycles: int) -> dict[str, Any]:
     if mode == "models":
         source = sw.BackendSource(backend)
     else:
-        if mode == "stdlib":
-            sw.HAVE_MSGSPEC = False  # the module-level switch the lean parsers read
-        source = sw.JsonSource(runner, timeout=120)
+        # "stdlib": the same lean path reading with json, the baseline msgspec is for.
+        source = sw.JsonSource(runner, timeout=120, use_msgspec=mode != "stdlib")
     sink = ListSink()
     watcher = sw.SlurmWatcher(backend, sink, cluster="bench", source=source)
     times: list[float] = []
@@ -198,7 +197,7 @@ async def _child(folder: Path, mode: str, cycles: int) -> dict[str, Any]:
         "peak_rss_mb": peak_rss_mb(),
         "signals": len(sink.signals),
         "kinds": kinds,
-        "msgspec": sw.HAVE_MSGSPEC,
+        "msgspec": mode == "lean",
     }
 
 

@@ -10,9 +10,10 @@ import pytest
 
 from tests.fixtures.lab import LAB_GPUS, LAB_NODES, private_root, require_lab
 from tests.integration.support import wait_for
+from trainmedic import procs
 from trainmedic.domain.hostlist import expand
 from trainmedic.errors import MissingDependencyError
-from trainmedic.lab import Lab, LabError, LabSpec, find_free_port_base, procs
+from trainmedic.lab import Lab, LabError, LabSpec, find_free_port_base
 from trainmedic.lab import lab as lab_module
 from trainmedic.lab.lab import parse_scontrol_records
 from trainmedic.lab.layout import LabLayout, render_gres_conf, render_slurm_conf

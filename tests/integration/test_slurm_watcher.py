@@ -17,8 +17,8 @@ from trainmedic.activities.quarantine import QuarantineActivities
 from trainmedic.adapters.slurm import LocalRunner, SlurmCli
 from trainmedic.config import Policy
 from trainmedic.domain.incident import IncidentSignal
-from trainmedic.health.probe import LabNodeHealthProbe
 from trainmedic.lab import Lab
+from trainmedic.lab.agents import LabNodeHealthProbe
 from trainmedic.lab.workload import nvml_state
 from trainmedic.watchers.base import ListSink
 from trainmedic.watchers.router import IncidentRouter

@@ -25,10 +25,10 @@ from trainmedic.adapters.slurm.parse import (
     parse_version,
 )
 from trainmedic.domain.slurm import SlurmJob, SlurmNode
-from trainmedic.watchers.slurm import HAVE_MSGSPEC, parse_sinfo_lean, parse_squeue_lean
+from trainmedic.watchers.slurm import parse_sinfo_lean, parse_squeue_lean
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "slurm" / "24.11" / "real"
-LEAN_MODES = [False, True] if HAVE_MSGSPEC else [False]
+LEAN_MODES = [False, True]  # json, msgspec
 
 
 def _text(name: str) -> str:
@@ -308,7 +308,7 @@ def test_lean_nodes_agree_with_full_parser(name: str, fast: bool) -> None:
     assert set(lean) == set(full)
     for node_name, view in lean.items():
         node = full[node_name]
-        assert (view.state, list(view.flags)) == (node.state, node.state_flags)
+        assert (view.state, list(view.state_flags)) == (node.state, node.state_flags)
         assert view.reason == node.reason
         assert view.reason_user == node.reason_user
         # A reason must never leak as the repr of 24.11's reason object.

@@ -13,20 +13,17 @@ from temporalio.exceptions import ApplicationError
 
 from trainmedic.adapters.slurm.errors import NoSuchNode, SlurmError
 from trainmedic.adapters.slurm.protocol import SlurmBackend
-from trainmedic.domain.control import OffenseRequest, OffenseVerdict
-from trainmedic.domain.health import HealthCheck, NodeHealthReport, NodeHealthRequest
-from trainmedic.domain.slurm import EffectResult, SlurmNode
-from trainmedic.health.probe import AgentUnreachable, NodeHealthProbe
-from trainmedic.workflows.planning import is_ours
-from trainmedic.workflows.quarantine import (
+from trainmedic.domain.activity_io import (
     Assessment,
     AssessRequest,
     HealthCheckRequest,
     ResumeRequest,
 )
+from trainmedic.domain.control import OffenseRequest, OffenseVerdict
+from trainmedic.domain.health import HealthCheck, NodeHealthReport, NodeHealthRequest
+from trainmedic.domain.slurm import EffectResult, SlurmNode, parse_our_reason
+from trainmedic.health.probe import AgentUnreachable, NodeHealthProbe
 
-# trainmedic's drain reason: "trainmedic <incident id>: <category>: <detail>".
-_OUR_REASON = re.compile(r"^trainmedic (?P<incident>[A-Za-z0-9._-]+): (?P<category>[a-z_]+)\b")
 # gres entries that are GPUs: "gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:h100:4".
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(?P<count>\d+)")
 
@@ -46,14 +43,12 @@ def gres_gpus(gres: str | None) -> int | None:
 
 
 def parse_reason(reason: str | None) -> tuple[str | None, str | None]:
-    """(incident id, category) from trainmedic's drain reason."""
-    match = _OUR_REASON.match(reason or "")
-    return (match["incident"], match["category"]) if match else (None, None)
+    """(incident id, category) from trainmedic's drain reason (`domain.slurm.is_ours`)."""
+    return parse_our_reason(reason) or (None, None)
 
 
 def _slurm_check(info: SlurmNode) -> HealthCheck:
-    flags = set(info.state_flags)
-    bad = info.state == "DOWN" or flags & {"NOT_RESPONDING", "FAIL"}
+    bad = info.is_down or info.not_responding
     return HealthCheck(
         name="slurm",
         ok=not bad,
@@ -97,8 +92,8 @@ class QuarantineActivities:
                 raise
             # Removed from slurm.conf: nothing to hold out, nothing to resume.
             return Assessment(node=request.node, state="UNKNOWN", out=False, ours=False)
-        out = info.drain_flag or info.is_down
-        ours = out and is_ours(info.reason)
+        out = info.is_out
+        ours = out and info.is_ours
         incident, category = parse_reason(info.reason) if ours else (None, None)
         offense = None
         if ours and request.record:
@@ -154,10 +149,13 @@ class QuarantineActivities:
 
     @activity.defn(name="quarantine_resume_node")
     async def resume_node(self, request: ResumeRequest) -> EffectResult:
-        """Resume only a node drained/downed with a reason containing the marker."""
+        """Resume only a node drained/downed by trainmedic (`is_ours`, checked on the read
+        right before the resume) whose reason also contains the request's marker."""
         try:
             return await self._backend.resume_node(
-                request.node, only_if_reason_contains=request.only_if_reason_contains
+                request.node,
+                only_if_reason_contains=request.only_if_reason_contains,
+                only_if_ours=True,
             )
         except SlurmError as error:
             if error.retryable:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from trainmedic.cli.common import console, settings
 from trainmedic.domain.hostlist import HostlistError, validate_node_name
-from trainmedic.lab import Lab, LabError, LabStatus
+from trainmedic.lab import Lab, LabError, LabNode, LabStatus
 from trainmedic.lab.faults import KERNEL_FAULTS, Fault
 from trainmedic.lab.workload import (
     TrainingSpec,
@@ -41,13 +41,13 @@ def _node(name: str) -> str:
         raise LabError(str(error)) from None
 
 
-def _state_markup(state: str | None) -> str:
-    if state is None:
+def _state_markup(node: LabNode) -> str:
+    state, slurm = node.state, node.slurm
+    if state is None or slurm is None:
         return "[dim]unknown[/]"
-    upper = state.upper()
-    if "DOWN" in upper or "NOT_RESPONDING" in upper or "INVALID" in upper:
+    if not slurm.is_registered:
         return f"[red]{state}[/]"
-    if "DRAIN" in upper:
+    if slurm.drain_flag:
         return f"[yellow]{state}[/]"
     return f"[green]{state}[/]"
 
@@ -68,7 +68,7 @@ def _show(status: LabStatus) -> None:
             node.name,
             str(node.slurmd_pid) if node.slurmd_pid else "[red]stopped[/]",
             str(node.port),
-            _state_markup(node.state),
+            _state_markup(node),
             node.gres or "",
             ",".join(node.jobs),
             node.reason or "",
@@ -168,7 +168,7 @@ def revive_node(
     lab = _lab(root)
     with console.status(f"reviving {name}..."):
         node = lab.revive_node(_node(name))
-    console.print(f"{node.name} is back: {_state_markup(node.state)}")
+    console.print(f"{node.name} is back: {_state_markup(node)}")
 
 
 # ------------------------------------------------------------ training workload

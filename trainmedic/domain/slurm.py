@@ -8,9 +8,14 @@ plus *flags* (REQUEUE_HOLD, DRAIN, NOT_RESPONDING).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainmedic.domain.diagnosis import SlurmObservation
+from trainmedic.domain.enums import Category
 
 # Base job states (Slurm's JOB_STATE_BASE values); anything else in a state list is a flag.
 JOB_BASE_STATES: frozenset[str] = frozenset(
@@ -58,6 +63,48 @@ NODE_REASON_FLAGS: frozenset[str] = frozenset(
 HELD_REASONS: frozenset[str] = frozenset(
     {"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state", "JobHeld"}
 )
+
+# Words that, in a node's base state or any flag, mean slurmctld cannot place work there:
+# not registered (UNKNOWN, FUTURE, INVALID_REG), not answering, or down / powered down.
+_NOT_REGISTERED = ("DOWN", "UNKNOWN", "FUTURE", "INVALID", "NOT_RESPONDING", "POWERED_DOWN")
+
+# ----------------------------------------------------------------------------- ours
+
+# The reason trainmedic gives Slurm when it drains or downs a node, and the comment it
+# writes on a job it acts on (workflows/planning.py `slurm_reason`):
+#     "trainmedic <incident id>: <category>: <detail>"
+# Only that exact shape, with one of the catalog's categories, is ours. A reason a person
+# wrote that merely starts with, or mentions, "trainmedic" ("trainmedic-test", "TRAINMEDIC
+# ...", "trainmedic note: disk", "see trainmedic incident x") is theirs: trainmedic never
+# resumes, and always reports, such a node.
+OUR_REASON_PREFIX = "trainmedic"
+_OUR_REASON = re.compile(
+    rf"^{OUR_REASON_PREFIX} (?P<incident>[A-Za-z0-9._-]+): "
+    rf"(?P<category>{'|'.join(sorted((c.value for c in Category), key=len, reverse=True))})"
+    r"(?=:|$)"
+)
+
+
+def parse_our_reason(reason: str | None) -> tuple[str, str] | None:
+    """(incident id, category) from a reason trainmedic wrote; None for anyone else's."""
+    match = _OUR_REASON.match(reason or "")
+    return (match["incident"], match["category"]) if match else None
+
+
+def is_ours(reason: str | None) -> bool:
+    """Whether a node's drain/down reason (or a job's comment) was written by trainmedic.
+
+    The one test for "drained by trainmedic" (planning, the Slurm watcher, the
+    quarantine and its resume guard all ask here)."""
+    return parse_our_reason(reason) is not None
+
+
+def job_is_held(state: str, reason: str | None, flags: Sequence[str]) -> bool:
+    """A pending job held back: by a user, an admin or a requeue-hold (priority 0; the
+    reason says by whom)."""
+    return state == "PENDING" and (
+        reason in HELD_REASONS or "REQUEUE_HOLD" in flags or "SPECIAL_EXIT" in flags
+    )
 
 
 class ExitStatus(BaseModel):
@@ -151,12 +198,7 @@ class SlurmJob(BaseModel):
 
     @property
     def is_held(self) -> bool:
-        # A held job has priority 0; the reason says by whom (user/admin/requeue-hold).
-        return self.is_pending and (
-            self.state_reason in HELD_REASONS
-            or "REQUEUE_HOLD" in self.state_flags
-            or "SPECIAL_EXIT" in self.state_flags
-        )
+        return job_is_held(self.state, self.state_reason, self.state_flags)
 
     def observation(self, nodes: list[SlurmNode] | None = None) -> SlurmObservation:
         """The attributor's view of this job and (optionally) its nodes."""
@@ -173,32 +215,16 @@ class SlurmJob(BaseModel):
         return obs
 
 
-class SlurmNode(BaseModel):
-    """One node as Slurm reports it."""
+class NodeStates:
+    """What a node's base state and flags mean, in one place: shared by `SlurmNode` and
+    the Slurm adapter's lean `NodeView` (the watcher's per-cycle record)."""
 
-    name: str
-    state: str  # base state: IDLE, MIXED, ALLOCATED, DOWN, ...
-    state_flags: list[str] = Field(default_factory=list)  # DRAIN, NOT_RESPONDING, ...
-    reason: str | None = None
-    reason_user: str | None = None
-    partitions: list[str] = Field(default_factory=list)
-    gres: str | None = None
-    cpus: int | None = None
-    hostname: str | None = None
+    __slots__ = ()
 
-    @model_validator(mode="after")
-    def _reason_only_while_it_applies(self) -> SlurmNode:
-        # Slurm 25.11 keeps a node's last reason after `State=RESUME` (22.05 clears it;
-        # seen in the lab with scontrol and pyslurm alike). Like `sinfo -R`, count a
-        # reason only while the node is down, drained, failing, rebooting or powered
-        # down: else a healthy node would carry a stale "Xid 79" into attribution.
-        if self.reason is not None and not (
-            self.state in {"DOWN", "UNKNOWN", "ERROR", "FUTURE"}
-            or NODE_REASON_FLAGS & set(self.state_flags)
-        ):
-            self.reason = None
-            self.reason_user = None
-        return self
+    if TYPE_CHECKING:
+        state: str
+        state_flags: Sequence[str]
+        reason: str | None
 
     @property
     def state_text(self) -> str:
@@ -221,7 +247,33 @@ class SlurmNode(BaseModel):
 
     @property
     def is_down(self) -> bool:
+        """Out by failure: base state DOWN, or a FAIL flag."""
         return self.state == "DOWN" or "FAIL" in self.state_flags
+
+    @property
+    def marked_down(self) -> bool:
+        """Base state DOWN (set down, or not answering past SlurmdTimeout); a FAIL flag
+        alone is not (the watcher tells the two apart)."""
+        return self.state == "DOWN"
+
+    @property
+    def not_responding(self) -> bool:
+        return "NOT_RESPONDING" in self.state_flags
+
+    @property
+    def is_failing(self) -> bool:
+        """FAIL or FAILING set (`scontrol update state=fail`)."""
+        return "FAIL" in self.state_flags or "FAILING" in self.state_flags
+
+    @property
+    def is_out(self) -> bool:
+        """Already out of service: drained (by anyone) or down."""
+        return self.drain_flag or self.is_down
+
+    @property
+    def is_ours(self) -> bool:
+        """Its reason is trainmedic's (see `is_ours`); says nothing about its state."""
+        return is_ours(self.reason)
 
     @property
     def is_available(self) -> bool:
@@ -229,9 +281,53 @@ class SlurmNode(BaseModel):
         return (
             self.state in {"IDLE", "MIXED", "ALLOCATED"}
             and not self.drain_flag
-            and "NOT_RESPONDING" not in self.state_flags
+            and not self.not_responding
             and "FAIL" not in self.state_flags
         )
+
+    @property
+    def is_registered(self) -> bool:
+        """Registered with slurmctld and answering, so Slurm could place work here unless
+        it is drained: nothing DOWN (or powered down), UNKNOWN, FUTURE, INVALID or
+        NOT_RESPONDING in its state."""
+        words = (self.state, *self.state_flags)
+        return not any(bad in word for word in words for bad in _NOT_REGISTERED)
+
+    def already(self, state: Literal["DRAIN", "DOWN"]) -> str | None:
+        """How the node already is `state`, for an idempotent drain or down: 'drained' /
+        'draining' (drain flag set) or 'down' (`is_down`); None when it is not."""
+        if state == "DRAIN":
+            return ("drained" if self.is_drained else "draining") if self.drain_flag else None
+        return "down" if self.is_down else None
+
+
+class SlurmNode(NodeStates, BaseModel):
+    """One node as Slurm reports it."""
+
+    name: str
+    state: str  # base state: IDLE, MIXED, ALLOCATED, DOWN, ...
+    state_flags: list[str] = Field(default_factory=list)  # DRAIN, NOT_RESPONDING, ...
+    reason: str | None = None
+    reason_user: str | None = None
+    partitions: list[str] = Field(default_factory=list)
+    gres: str | None = None
+    cpus: int | None = None
+    hostname: str | None = None
+    address: str | None = None  # NodeAddr: where slurmctld reaches its slurmd
+
+    @model_validator(mode="after")
+    def _reason_only_while_it_applies(self) -> SlurmNode:
+        # Slurm 25.11 keeps a node's last reason after `State=RESUME` (22.05 clears it;
+        # seen in the lab with scontrol and pyslurm alike). Like `sinfo -R`, count a
+        # reason only while the node is down, drained, failing, rebooting or powered
+        # down: else a healthy node would carry a stale "Xid 79" into attribution.
+        if self.reason is not None and not (
+            self.state in {"DOWN", "UNKNOWN", "ERROR", "FUTURE"}
+            or NODE_REASON_FLAGS & set(self.state_flags)
+        ):
+            self.reason = None
+            self.reason_user = None
+        return self
 
 
 class EffectResult(BaseModel):

@@ -27,9 +27,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trainmedic import procs
+from trainmedic.adapters.slurm.errors import SlurmParseError
+from trainmedic.adapters.slurm.parse import node_from_scontrol, parse_scontrol_records
 from trainmedic.domain.hostlist import HostlistError, expand, validate_node_name
+from trainmedic.domain.slurm import SlurmNode
 from trainmedic.errors import MissingDependencyError, ServiceError
-from trainmedic.lab import agents, procs
+from trainmedic.lab import agents
 from trainmedic.lab.layout import (
     DEFAULT_PORT_BASE,
     LabLayout,
@@ -61,8 +65,6 @@ _SEARCH_PATH = os.pathsep.join(
 _FOREIGN_ENV = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_", "SCONTROL_")
 
 _PREFIX_FILE = "slurm-prefix"  # the Slurm install of the last fresh `up`, if not the system's
-_NODE_BAD = ("DOWN", "UNKNOWN", "FUTURE", "INVALID", "NOT_RESPONDING", "POWERED_DOWN")
-_KV = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|\s*$)")
 
 
 class LabError(ServiceError):
@@ -70,7 +72,8 @@ class LabError(ServiceError):
 
 
 class LabNode(BaseModel):
-    """One emulated node: its daemon and what Slurm says about it."""
+    """One emulated node: its daemon and what Slurm says about it (`slurm`, read with the
+    Slurm adapter's parser; what its state means is the domain's `NodeStates`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -79,27 +82,33 @@ class LabNode(BaseModel):
     slurmd_pid: int | None = None
     state: str | None = None  # Slurm's state string, e.g. "IDLE", "DOWN+NOT_RESPONDING"
     gres: str | None = None
-    reason: str | None = None
+    reason: str | None = None  # as scontrol prints it, with who set it and when
     jobs: list[str] = []
-
-    @property
-    def state_flags(self) -> set[str]:
-        return set((self.state or "").upper().split("+")) - {""}
+    slurm: SlurmNode | None = None  # None: Slurm did not say (controller down, unknown)
 
     @property
     def is_down(self) -> bool:
-        return "DOWN" in self.state_flags
+        return self.slurm is not None and self.slurm.marked_down
 
     @property
     def is_drained(self) -> bool:
-        return bool({"DRAIN", "DRAINED", "DRAINING"} & self.state_flags)
+        return self.slurm is not None and self.slurm.drain_flag
+
+    @property
+    def not_responding(self) -> bool:
+        return self.slurm is not None and self.slurm.not_responding
+
+    @property
+    def idle(self) -> bool:
+        """IDLE and nothing else: how `reset` leaves every node."""
+        return self.slurm is not None and self.slurm.state == "IDLE" and not self.slurm.state_flags
 
     @property
     def ready(self) -> bool:
         """Registered and responding: Slurm could place work here (unless drained)."""
-        if self.state is None or self.slurmd_pid is None:
+        if self.slurm is None or self.slurmd_pid is None:
             return False
-        return not any(bad in flag for flag in self.state_flags for bad in _NODE_BAD)
+        return self.slurm.is_registered
 
 
 class LabStatus(BaseModel):
@@ -194,15 +203,6 @@ def find_free_port_base(span: int, low: int = 20000, high: int = 32000) -> int:
         if all(port_free(port) for port in range(base, base + span)):
             return base
     raise LabError(f"no {span} consecutive free ports found between {low} and {high}")
-
-
-def parse_scontrol_records(text: str) -> list[dict[str, str]]:
-    """Records of `scontrol -o show ...`: one a line, Key=Value pairs, values may hold spaces."""
-    records = []
-    for line in text.splitlines():
-        if line.strip():
-            records.append({key: value.strip() for key, value in _KV.findall(line.strip())})
-    return records
 
 
 class Lab:
@@ -365,7 +365,7 @@ class Lab:
     def status(self) -> LabStatus:
         spec = self.spec
         munged, ctld = self._munged_pid(), self._slurmctld_pid()
-        slurm_nodes: dict[str, dict[str, str]] = {}
+        slurm_nodes: dict[str, tuple[dict[str, str], SlurmNode]] = {}
         jobs: dict[str, list[str]] = {}
         reachable = False
         if spec is not None and ctld is not None:
@@ -377,7 +377,7 @@ class Lab:
                 log.debug("controller not answering: %s", error)
         nodes = []
         for name in spec.node_names if spec else []:
-            record = slurm_nodes.get(name, {})
+            record, slurm = slurm_nodes.get(name, ({}, None))
             nodes.append(
                 LabNode(
                     name=name,
@@ -387,6 +387,7 @@ class Lab:
                     gres=record.get("Gres"),
                     reason=record.get("Reason") or None,
                     jobs=jobs.get(name, []),
+                    slurm=slurm,
                 )
             )
         return LabStatus(
@@ -399,9 +400,14 @@ class Lab:
             nodes=nodes,
         )
 
-    def _scontrol_nodes(self) -> dict[str, dict[str, str]]:
+    def _scontrol_nodes(self) -> dict[str, tuple[dict[str, str], SlurmNode]]:
+        """Each node's `scontrol -o show node` record (as printed) and its reading."""
         out = self.run_client(["scontrol", "-o", "show", "node"]).stdout
-        return {r["NodeName"]: r for r in parse_scontrol_records(out) if "NodeName" in r}
+        try:
+            records = [r for r in parse_scontrol_records(out) if "NodeName" in r]
+            return {r["NodeName"]: (r, node_from_scontrol(r)) for r in records}
+        except SlurmParseError as error:
+            raise LabError(f"unreadable `scontrol -o show node` output: {error}") from None
 
     def _jobs_by_node(self) -> dict[str, list[str]]:
         out = self.run_client(["squeue", "-h", "-o", "%i|%N"]).stdout
@@ -650,7 +656,7 @@ class Lab:
                 waiting.append(name)
                 # DOWN but answering: set down by hand, or for a reason ReturnToService=1
                 # does not undo. Its daemon is ours and running, so bring it back.
-                answering = "NOT_RESPONDING" not in node.state_flags
+                answering = not node.not_responding
                 if node.slurmd_pid and node.is_down and answering and name not in resumed:
                     self._resume(name)
                     resumed.add(name)
@@ -700,18 +706,18 @@ class Lab:
             self._cancel_all()
         agents.stop_agents(self)
         slurmds = [pid for pid in (self._slurmd_pid(n) for n in nodes) if pid is not None]
-        procs.terminate(slurmds, grace=10.0)
+        procs.terminate_all(slurmds, grace=10.0)
         ctld = self._slurmctld_pid()
         if ctld is not None:
             # slurmctld's helper (slurmscriptd) should exit with it; remember it in case.
             helpers = _snapshot(procs.descendants([ctld]))
-            procs.terminate([ctld], grace=15.0)
+            procs.terminate_all([ctld], grace=15.0)
             _kill_if_unchanged(helpers)
         for name in nodes:
             self._kill_steps(name)
         munged = self._munged_pid()
         if munged is not None:
-            procs.terminate([munged], grace=10.0)
+            procs.terminate_all([munged], grace=10.0)
         for pid_file in self.layout.run.glob("*.pid"):
             pid_file.unlink(missing_ok=True)
         left = procs.processes_under(self.root)
@@ -747,7 +753,7 @@ class Lab:
                 break
             victims = _snapshot([*stepds, *procs.descendants(stepds)])
             killed.extend(_kill_if_unchanged(victims))
-            procs.wait_gone(list(victims), 5.0)
+            procs.wait_exited(list(victims), 5.0)
         return killed
 
     def reset(self, timeout: float | None = None) -> LabStatus:
@@ -773,7 +779,7 @@ class Lab:
             def idle() -> bool:
                 status = self.status()
                 for node in status.nodes:
-                    if node.state_flags != {"IDLE"} or node.jobs:
+                    if not node.idle or node.jobs:
                         # Drained or DOWN again (e.g. by a late ping): resume again.
                         if node.is_drained or (node.is_down and node.slurmd_pid):
                             self._resume(node.name)
@@ -805,7 +811,7 @@ class Lab:
             if slurmd is not None:
                 # The slurmd first, so it cannot start new steps while we sweep.
                 procs.send([slurmd], signal.SIGKILL)
-                procs.wait_gone([slurmd], 5.0)
+                procs.wait_exited([slurmd], 5.0)
                 killed.append(slurmd)
             killed.extend(self._kill_steps(name))
             killed.extend(agents.kill_agent(self, name))  # the node's agent dies with it

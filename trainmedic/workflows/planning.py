@@ -8,11 +8,11 @@ from trainmedic.config import Policy
 from trainmedic.domain.diagnosis import Diagnosis
 from trainmedic.domain.enums import Action, EvidenceSource, Mode
 from trainmedic.domain.incident import EffectKind, EffectStatus, IncidentSignal, PlannedEffect
-from trainmedic.domain.slurm import SlurmJob, SlurmNode
+from trainmedic.domain.slurm import OUR_REASON_PREFIX, SlurmJob, SlurmNode
+from trainmedic.domain.slurm import is_ours as is_ours  # the one test, kept importable here
 
 _AUTONOMY = {Mode.MONITOR: 0, Mode.APPROVE: 1, Mode.AUTO: 2}
-OUR_REASON_PREFIX = "trainmedic"
-# Sources whose word may take a node out of service (DESIGN.md "Trust and identity"):
+# Sources whose word may take a node out of service (docs/architecture.md "Trust model"):
 # the node agent (kernel log, NVML), Slurm itself, an operator. A job's own output is
 # written by its user and justifies restarts, stops and escalations, never a drain.
 # AGENT_HEARTBEAT is the controller's own observation, not a report anyone can write: a
@@ -59,10 +59,6 @@ def effect_mode(
     return mode
 
 
-def is_ours(reason: str | None) -> bool:
-    return bool(reason) and str(reason).startswith(OUR_REASON_PREFIX)
-
-
 def slurm_reason(incident_id: str, diagnosis: Diagnosis) -> str:
     """What Slurm is told: names the incident so `sinfo -R` leads back to it.
 
@@ -79,7 +75,7 @@ def slurm_reason(incident_id: str, diagnosis: Diagnosis) -> str:
 
 def is_out(node: SlurmNode) -> bool:
     """Already out of service: drained (by anyone) or down."""
-    return node.drain_flag or node.is_down
+    return node.is_out
 
 
 def trusted_witnesses(diagnosis: Diagnosis, nodes: dict[str, SlurmNode]) -> dict[str, str]:
@@ -87,7 +83,7 @@ def trusted_witnesses(diagnosis: Diagnosis, nodes: dict[str, SlurmNode]) -> dict
     witnesses: dict[str, str] = {}
     for name in diagnosis.culprit_nodes:
         node = nodes.get(name)
-        if node is not None and (node.is_down or "NOT_RESPONDING" in node.state_flags):
+        if node is not None and (node.is_down or node.not_responding):
             witnesses[name] = f"Slurm shows {name} {node.state_text}"
             continue
         for evidence in diagnosis.evidence:

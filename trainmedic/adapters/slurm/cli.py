@@ -1,7 +1,7 @@
 """`SlurmBackend` over Slurm's command-line clients (squeue, sinfo, scontrol, scancel).
 
 Every effect first re-reads the job or node, so that doing it twice is harmless and the
-result says what was found (DESIGN.md: "never act on a job/node that changed under us").
+result says what was found (docs/architecture.md "Modes and safety rails").
 The exact argv of each command is returned in `EffectResult.command` for the audit trail.
 """
 
@@ -11,6 +11,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 from trainmedic.adapters.slurm.errors import (
     JobNotRequeueable,
@@ -157,17 +158,14 @@ class SlurmCli:
         then, and it requeues the node's batch jobs at once."""
         return await self._set_node_state(name, "DOWN", reason)
 
-    async def _set_node_state(self, name: str, state: str, reason: str) -> EffectResult:
+    async def _set_node_state(
+        self, name: str, state: Literal["DRAIN", "DOWN"], reason: str
+    ) -> EffectResult:
         """DRAIN or DOWN with a reason, idempotent: a node already there keeps its reason."""
         name = _validate_node(name)
         reason = _validate_text(f"{state.lower()} reason", reason)
         node = await self.get_node(name)
-        if state == "DRAIN" and node.drain_flag:
-            already = "drained" if node.is_drained else "draining"
-        elif state == "DOWN" and node.is_down:
-            already = "down"
-        else:
-            already = ""
+        already = node.already(state)
         if already:
             return EffectResult(
                 changed=False,
@@ -188,13 +186,14 @@ class SlurmCli:
         )
 
     async def resume_node(
-        self, name: str, *, only_if_reason_contains: str | None = None
+        self, name: str, *, only_if_reason_contains: str | None = None, only_if_ours: bool = False
     ) -> EffectResult:
         """Undo a drain/down. With `only_if_reason_contains`, a node drained by someone
-        else (whose reason lacks that text, e.g. the incident id) is left alone."""
+        else (whose reason lacks that text, e.g. the incident id) is left alone; with
+        `only_if_ours`, so is a node whose reason is not trainmedic's (`is_ours`)."""
         name = _validate_node(name)
         node = await self.get_node(name)
-        if not node.drain_flag and not node.is_down:
+        if not node.is_out:
             return EffectResult(
                 changed=False,
                 detail=f"{name} is not drained or down ({node.state_text})",
@@ -207,6 +206,15 @@ class SlurmCli:
                 detail=(
                     f"{name} left {node.state_text}: its reason {node.reason!r} does not "
                     f"mention {only_if_reason_contains!r}"
+                ),
+                before=node.state_text,
+                after=node.state_text,
+            )
+        if only_if_ours and not node.is_ours:
+            return EffectResult(
+                changed=False,
+                detail=(
+                    f"{name} left {node.state_text}: its reason {node.reason!r} is not trainmedic's"
                 ),
                 before=node.state_text,
                 after=node.state_text,
@@ -328,9 +336,10 @@ class SlurmCli:
 
     async def start_now(self, job_id: str) -> EffectResult:
         """Ask a pending job to start at once (a requeued job otherwise waits for the
-        credential expiry, DESIGN.md 'Slurm lab'). Use it when the job excludes the nodes
-        it ran on: in the lab, a plain requeue + start_now sometimes relaunched on the same
-        node before the old job's teardown finished, and the new run failed at once."""
+        credential expiry, docs/architecture.md "The Slurm lab"). Use it when the job
+        excludes the nodes it ran on: in the lab, a plain requeue + start_now sometimes
+        relaunched on the same node before the old job's teardown finished, and the new
+        run failed at once."""
         job_id = validate_job_id(job_id)
         job = await self.get_job(job_id)
         before = self._job_state(job)

@@ -12,7 +12,9 @@
   `scontrol --json show node` (23.02+) has `nodes` with `state` as a list: handled too.
 - `scontrol -o show job|node`: one `Key=Value ...` record per line, in every version.
 
-All functions are pure and raise `SlurmParseError` on shapes they cannot read.
+All functions are pure and raise `SlurmParseError` on shapes they cannot read. This is
+the one place that reads Slurm's output: the watcher's lean records
+(`trainmedic.adapters.slurm.view`), the pyslurm backend and the lab use the helpers below.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def parse_version(text: str) -> SlurmVersion:
 
 
 # ----------------------------------------------------------------------------- helpers
+# Public for the rest of the adapter (view.py, pyslurm_backend.py); nothing outside
+# trainmedic.adapters.slurm needs them.
 
 
-def _num(value: Any) -> int | None:
+def slurm_int(value: Any) -> int | None:
     """An int from a plain number or a 24.11 `{"set", "infinite", "number"}` object."""
     if value is None or isinstance(value, bool):
         return None
@@ -60,20 +64,20 @@ def _num(value: Any) -> int | None:
     if isinstance(value, Mapping):
         if value.get("infinite") or not value.get("set", True):
             return None
-        return _num(value.get("number"))
+        return slurm_int(value.get("number"))
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
     return None
 
 
-def _text(value: Any) -> str | None:
+def clean_text(value: Any) -> str | None:
     if value is None:
         return None
     text = str(value).strip()
     return text or None
 
 
-def _hosts(value: Any) -> list[str]:
+def expand_hosts(value: Any) -> list[str]:
     """Expand a hostlist string (or a list of them); Slurm's '(null)' and '' are empty."""
     if value is None:
         return []
@@ -92,7 +96,7 @@ def _hosts(value: Any) -> list[str]:
     return names
 
 
-def _reason(value: Any, user: Any = None) -> tuple[str | None, str | None]:
+def node_reason(value: Any, user: Any = None) -> tuple[str | None, str | None]:
     """A node's drain/down reason and who set it.
 
     22.05's sinfo and `scontrol --json` give a string (plus `reason_set_by_user`); 24.11's
@@ -100,13 +104,13 @@ def _reason(value: Any, user: Any = None) -> tuple[str | None, str | None]:
     (and user '') on nodes that have no reason.
     """
     if isinstance(value, Mapping):
-        text = _text(value.get("description"))
-        return text, (_text(value.get("user")) if text else None)
-    text = _text(value)
-    return text, (_text(user) if text else None)
+        text = clean_text(value.get("description"))
+        return text, (clean_text(value.get("user")) if text else None)
+    text = clean_text(value)
+    return text, (clean_text(user) if text else None)
 
 
-def _split_state(states: Iterable[str], base_states: frozenset[str]) -> tuple[str, list[str]]:
+def split_state(states: Iterable[str], base_states: frozenset[str]) -> tuple[str, list[str]]:
     """['IDLE', 'DRAIN'] -> ('IDLE', ['DRAIN']); the first base state found is the base."""
     base: str | None = None
     flags: list[str] = []
@@ -123,6 +127,11 @@ def _split_state(states: Iterable[str], base_states: frozenset[str]) -> tuple[st
             elif name not in flags:
                 flags.append(name)
     return base or "UNKNOWN", flags
+
+
+def split_node_state(states: Iterable[str]) -> tuple[str, list[str]]:
+    """A node's state words -> (base state, flags): ['IDLE', 'DRAIN'], 'DOWN*+DRAIN'."""
+    return split_state(states, NODE_BASE_STATES)
 
 
 # scontrol (and squeue) print a job's *flag* instead of its base state while the flag is
@@ -145,8 +154,8 @@ _JOB_FLAG_BASE = {
 }
 
 
-def _split_job_state(states: Iterable[str]) -> tuple[str, list[str]]:
-    base, flags = _split_state(states, JOB_BASE_STATES)
+def split_job_state(states: Iterable[str]) -> tuple[str, list[str]]:
+    base, flags = split_state(states, JOB_BASE_STATES)
     if base == "UNKNOWN":
         for flag in flags:
             if flag in _JOB_FLAG_BASE:
@@ -154,7 +163,7 @@ def _split_job_state(states: Iterable[str]) -> tuple[str, list[str]]:
     return base, flags
 
 
-def _load_json(text: str, what: str) -> dict[str, Any]:
+def load_json(text: str, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -164,7 +173,7 @@ def _load_json(text: str, what: str) -> dict[str, Any]:
     return doc
 
 
-def _raise_json_errors(doc: Mapping[str, Any], what: str) -> None:
+def raise_json_errors(doc: Mapping[str, Any], what: str) -> None:
     """22.05's squeue/sinfo exit 0 and put failures in `errors` (e.g. slurmctld down)."""
     errors = doc.get("errors") or []
     if not errors:
@@ -184,7 +193,7 @@ def _raise_json_errors(doc: Mapping[str, Any], what: str) -> None:
 # ----------------------------------------------------------------------------- jobs
 
 
-def _exit_from_json(value: Any) -> ExitStatus | None:
+def exit_from_json(value: Any) -> ExitStatus | None:
     if value is None:
         return None
     if isinstance(value, Mapping):  # 24.11: PROCESS_EXIT_CODE_VERBOSE
@@ -192,14 +201,14 @@ def _exit_from_json(value: Any) -> ExitStatus | None:
         if isinstance(status, str):
             status = [status]
         signal_obj = value.get("signal") or {}
-        signal = _num(signal_obj.get("id")) if isinstance(signal_obj, Mapping) else None
-        code = _num(value.get("return_code"))
+        signal = slurm_int(signal_obj.get("id")) if isinstance(signal_obj, Mapping) else None
+        code = slurm_int(value.get("return_code"))
         if "PENDING" in status or "INVALID" in status:
             return None
         if signal or "SIGNALED" in status or "CORE_DUMPED" in status:
             return ExitStatus(code=None, signal=signal)
         return ExitStatus(code=code, signal=None)
-    raw = _num(value)
+    raw = slurm_int(value)
     return ExitStatus.from_wait_status(raw) if raw is not None else None
 
 
@@ -240,11 +249,11 @@ def expand_std_path(pattern: str | None, job: SlurmJob) -> str | None:
 
 
 def job_from_json(raw: Mapping[str, Any]) -> SlurmJob:
-    numeric = _num(raw.get("job_id"))
+    numeric = slurm_int(raw.get("job_id"))
     if numeric is None:
         raise SlurmParseError(f"job without a job_id: {sorted(raw)[:8]}")
-    array_job = _num(raw.get("array_job_id")) or None  # 0 means "not an array"
-    array_task = _num(raw.get("array_task_id")) if array_job else None
+    array_job = slurm_int(raw.get("array_job_id")) or None  # 0 means "not an array"
+    array_task = slurm_int(raw.get("array_task_id")) if array_job else None
     if array_job and array_task is not None:
         job_id = f"{array_job}_{array_task}"
     elif array_job and raw.get("array_task_string"):
@@ -253,41 +262,41 @@ def job_from_json(raw: Mapping[str, Any]) -> SlurmJob:
         job_id = str(numeric)
     state_value = raw.get("job_state") or "UNKNOWN"
     states = state_value if isinstance(state_value, list) else [state_value]
-    state, flags = _split_job_state(states)
+    state, flags = split_job_state(states)
     job = SlurmJob(
         job_id=job_id,
         numeric_id=numeric,
         array_job_id=array_job,
         array_task_id=array_task,
         name=str(raw.get("name") or ""),
-        user=_text(raw.get("user_name")),
-        partition=_text(raw.get("partition")),
+        user=clean_text(raw.get("user_name")),
+        partition=clean_text(raw.get("partition")),
         state=state,
         state_flags=flags,
-        state_reason=_text(raw.get("state_reason")),
-        nodes=_hosts(raw.get("nodes")),
-        node_count=_num(raw.get("node_count")),
-        tasks=_num(raw.get("tasks")),
-        tasks_per_node=_num(raw.get("tasks_per_node")) or None,
-        excluded_nodes=_hosts(raw.get("excluded_nodes")),
-        required_nodes=_hosts(raw.get("required_nodes")),
+        state_reason=clean_text(raw.get("state_reason")),
+        nodes=expand_hosts(raw.get("nodes")),
+        node_count=slurm_int(raw.get("node_count")),
+        tasks=slurm_int(raw.get("tasks")),
+        tasks_per_node=slurm_int(raw.get("tasks_per_node")) or None,
+        excluded_nodes=expand_hosts(raw.get("excluded_nodes")),
+        required_nodes=expand_hosts(raw.get("required_nodes")),
         comment=str(raw.get("comment") or ""),
-        work_dir=_text(raw.get("current_working_directory")),
+        work_dir=clean_text(raw.get("current_working_directory")),
         requeue=raw.get("requeue") if isinstance(raw.get("requeue"), bool) else None,
-        restarts=_num(raw.get("restart_cnt")) or 0,
+        restarts=slurm_int(raw.get("restart_cnt")) or 0,
         batch=raw.get("batch_flag") if isinstance(raw.get("batch_flag"), bool) else None,
-        priority=_num(raw.get("priority")),
-        batch_host=_text(raw.get("batch_host")),
-        exit=_exit_from_json(raw.get("exit_code")),
+        priority=slurm_int(raw.get("priority")),
+        batch_host=clean_text(raw.get("batch_host")),
+        exit=exit_from_json(raw.get("exit_code")),
     )
-    job.stdout_path = expand_std_path(_text(raw.get("standard_output")), job)
-    job.stderr_path = expand_std_path(_text(raw.get("standard_error")), job) or job.stdout_path
+    job.stdout_path = expand_std_path(clean_text(raw.get("standard_output")), job)
+    job.stderr_path = expand_std_path(clean_text(raw.get("standard_error")), job) or job.stdout_path
     return job
 
 
 def parse_squeue_json(text: str) -> list[SlurmJob]:
-    doc = _load_json(text, "squeue --json")
-    _raise_json_errors(doc, "squeue --json")
+    doc = load_json(text, "squeue --json")
+    raise_json_errors(doc, "squeue --json")
     jobs = doc.get("jobs")
     if not isinstance(jobs, list):
         raise SlurmParseError("squeue --json: no 'jobs' list")
@@ -302,11 +311,11 @@ def _node_from_flat(raw: Mapping[str, Any]) -> SlurmNode:
     state_value = raw.get("state") or "UNKNOWN"
     states = list(state_value) if isinstance(state_value, list) else [state_value]
     states += list(raw.get("state_flags") or [])
-    state, flags = _split_state(states, NODE_BASE_STATES)
+    state, flags = split_node_state(states)
     partitions = raw.get("partitions") or []
     if isinstance(partitions, str):
         partitions = [p for p in partitions.split(",") if p]
-    reason, reason_user = _reason(raw.get("reason"), raw.get("reason_set_by_user"))
+    reason, reason_user = node_reason(raw.get("reason"), raw.get("reason_set_by_user"))
     return SlurmNode(
         name=str(raw["name"]),
         state=state,
@@ -314,9 +323,10 @@ def _node_from_flat(raw: Mapping[str, Any]) -> SlurmNode:
         reason=reason,
         reason_user=reason_user,
         partitions=[str(p) for p in partitions],
-        gres=_text(raw.get("gres")),
-        cpus=_num(raw.get("cpus")),
-        hostname=_text(raw.get("hostname")),
+        gres=clean_text(raw.get("gres")),
+        cpus=slurm_int(raw.get("cpus")),
+        hostname=clean_text(raw.get("hostname")),
+        address=clean_text(raw.get("address")),
     )
 
 
@@ -326,16 +336,20 @@ def _nodes_from_sinfo_entries(entries: Sequence[Mapping[str, Any]]) -> list[Slur
     for entry in entries:
         node_obj = entry.get("node") or {}
         states = node_obj.get("state") or ["UNKNOWN"]
-        state, flags = _split_state(
-            states if isinstance(states, list) else [states], NODE_BASE_STATES
-        )
+        state, flags = split_node_state(states if isinstance(states, list) else [states])
         nodes_obj = entry.get("nodes") or {}
-        names = _hosts(nodes_obj.get("nodes") if isinstance(nodes_obj, Mapping) else nodes_obj)
+        grouped = isinstance(nodes_obj, Mapping)
+        names = expand_hosts(nodes_obj.get("nodes") if grouped else nodes_obj)
+        # `addresses` lists one per node where sinfo filled it (empty in 24.11's default
+        # output); only a list that lines up with the names can be trusted.
+        addresses = (nodes_obj.get("addresses") if grouped else None) or []
+        if not isinstance(addresses, list) or len(addresses) != len(names):
+            addresses = [None] * len(names)
         partition = (entry.get("partition") or {}).get("name")
         gres = entry.get("gres") or {}
         cpus = entry.get("cpus") or {}
-        reason, reason_user = _reason(entry.get("reason"))
-        for name in names:
+        reason, reason_user = node_reason(entry.get("reason"))
+        for name, address in zip(names, addresses, strict=True):
             node = by_name.get(name)
             if node is None:
                 node = SlurmNode(
@@ -344,8 +358,9 @@ def _nodes_from_sinfo_entries(entries: Sequence[Mapping[str, Any]]) -> list[Slur
                     state_flags=flags,
                     reason=reason,
                     reason_user=reason_user,
-                    gres=_text(gres.get("total")) if isinstance(gres, Mapping) else None,
-                    cpus=_num(cpus.get("maximum")) if isinstance(cpus, Mapping) else None,
+                    gres=clean_text(gres.get("total")) if isinstance(gres, Mapping) else None,
+                    cpus=slurm_int(cpus.get("maximum")) if isinstance(cpus, Mapping) else None,
+                    address=clean_text(address),
                 )
                 by_name[name] = node
             if partition and partition not in node.partitions:
@@ -355,8 +370,8 @@ def _nodes_from_sinfo_entries(entries: Sequence[Mapping[str, Any]]) -> list[Slur
 
 def parse_sinfo_json(text: str) -> list[SlurmNode]:
     """Nodes from `sinfo --json` (22.05 or 24.11) or `scontrol --json show node`."""
-    doc = _load_json(text, "sinfo --json")
-    _raise_json_errors(doc, "sinfo --json")
+    doc = load_json(text, "sinfo --json")
+    raise_json_errors(doc, "sinfo --json")
     if isinstance(doc.get("sinfo"), list):
         return _nodes_from_sinfo_entries(doc["sinfo"])
     if isinstance(doc.get("nodes"), list):
@@ -464,7 +479,7 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
         job_id = f"{array_job}_[{task_text}]"
     else:
         job_id = str(numeric)
-    state, flags = _split_job_state([record.get("JobState", "UNKNOWN")])
+    state, flags = split_job_state([record.get("JobState", "UNKNOWN")])
     tasks_per_node = None
     ntasks = _null(record.get("NtasksPerN:B:S:C"))
     if ntasks:
@@ -485,12 +500,12 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
         state=state,
         state_flags=flags,
         state_reason=_null(record.get("Reason")),
-        nodes=_hosts(_null(record.get("NodeList"))),
+        nodes=expand_hosts(_null(record.get("NodeList"))),
         node_count=_int_field(record, "NumNodes"),
         tasks=_int_field(record, "NumTasks"),
         tasks_per_node=tasks_per_node,
-        excluded_nodes=_hosts(_null(record.get("ExcNodeList"))),
-        required_nodes=_hosts(_null(record.get("ReqNodeList"))),
+        excluded_nodes=expand_hosts(_null(record.get("ExcNodeList"))),
+        required_nodes=expand_hosts(_null(record.get("ReqNodeList"))),
         comment=(_null(record.get("Comment")) or ""),
         stdout_path=_null(record.get("StdOut")),
         stderr_path=_null(record.get("StdErr")),
@@ -507,7 +522,7 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
 def node_from_scontrol(record: Mapping[str, str]) -> SlurmNode:
     if "NodeName" not in record:
         raise SlurmParseError("scontrol node record without NodeName")
-    state, flags = _split_state([record.get("State", "UNKNOWN")], NODE_BASE_STATES)
+    state, flags = split_node_state([record.get("State", "UNKNOWN")])
     reason = _null(record.get("Reason"))
     reason_user = None
     if reason:
@@ -527,4 +542,5 @@ def node_from_scontrol(record: Mapping[str, str]) -> SlurmNode:
         gres=_null(record.get("Gres")),
         cpus=_int_field(record, "CPUTot"),
         hostname=_null(record.get("NodeHostName")),
+        address=_null(record.get("NodeAddr")),
     )

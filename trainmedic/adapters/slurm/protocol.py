@@ -54,7 +54,7 @@ class SlurmBackend(Protocol):
     # node effects
     async def drain_node(self, name: str, reason: str) -> EffectResult: ...
     async def resume_node(
-        self, name: str, *, only_if_reason_contains: str | None = None
+        self, name: str, *, only_if_reason_contains: str | None = None, only_if_ours: bool = False
     ) -> EffectResult: ...
 
     # job effects

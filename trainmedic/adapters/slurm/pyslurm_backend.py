@@ -47,14 +47,13 @@ from trainmedic.adapters.slurm.errors import (
     classify,
 )
 from trainmedic.adapters.slurm.parse import (
-    _hosts,
-    _split_job_state,
-    _split_state,
+    expand_hosts,
     parse_version,
+    split_job_state,
+    split_node_state,
 )
 from trainmedic.adapters.slurm.protocol import CompletedCommand
 from trainmedic.domain.slurm import (
-    NODE_BASE_STATES,
     EffectResult,
     ExitStatus,
     SlurmJob,
@@ -183,7 +182,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         job_id = f"{array_job}_[{waiting}]"  # a pending array's meta record, as squeue
     else:
         job_id = str(numeric)
-    state, flags = _split_job_state([str(job.state or "UNKNOWN")])
+    state, flags = split_job_state([str(job.state or "UNKNOWN")])
     code, signal = _int(job.exit_code), _int(job.exit_code_signal)
     stdout = _text(job.standard_output)
     return SlurmJob(
@@ -197,12 +196,12 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         state=state,
         state_flags=flags,
         state_reason=_reason(job.state_reason),
-        nodes=_hosts(_text(job.allocated_nodes)),
+        nodes=expand_hosts(_text(job.allocated_nodes)),
         node_count=_int(job.num_nodes),
         tasks=_int(job.ntasks),
         tasks_per_node=_int(job.ntasks_per_node) or None,
-        excluded_nodes=_hosts(_text(job.excluded_nodes)),
-        required_nodes=_hosts(_text(job.required_nodes)),
+        excluded_nodes=expand_hosts(_text(job.excluded_nodes)),
+        required_nodes=expand_hosts(_text(job.required_nodes)),
         comment=str(job.comment or ""),
         stdout_path=stdout,
         # Unset stderr goes to the stdout file (as the JSON parser reads it too).
@@ -225,7 +224,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
 
 def node_from_pyslurm(node: Any) -> SlurmNode:
     """A `pyslurm.Node` as trainmedic's `SlurmNode` ('IDLE+DRAIN' -> IDLE, [DRAIN])."""
-    state, flags = _split_state([str(node.state or "UNKNOWN")], NODE_BASE_STATES)
+    state, flags = split_node_state([str(node.state or "UNKNOWN")])
     reason = _text(node.reason)
     return SlurmNode(
         name=str(node.name),
@@ -237,6 +236,7 @@ def node_from_pyslurm(node: Any) -> SlurmNode:
         gres=_gres(node.configured_gres),
         cpus=_int(node.total_cpus),
         hostname=_text(node.hostname),
+        address=_text(getattr(node, "address", None)),
     )
 
 
@@ -521,10 +521,12 @@ class PySlurmBackend(SlurmCli):
         return _via(await super().down_node(name, reason))
 
     async def resume_node(
-        self, name: str, *, only_if_reason_contains: str | None = None
+        self, name: str, *, only_if_reason_contains: str | None = None, only_if_ours: bool = False
     ) -> EffectResult:
         return _via(
-            await super().resume_node(name, only_if_reason_contains=only_if_reason_contains)
+            await super().resume_node(
+                name, only_if_reason_contains=only_if_reason_contains, only_if_ours=only_if_ours
+            )
         )
 
     async def requeue(self, job_id: str, *, hold: bool = False) -> EffectResult:
