@@ -5,25 +5,60 @@ signals and updates (with the event's identity), the memo upserts the RecoveryWo
 makes at each step, the activities that changed Slurm (with the exact argv and what it
 found before and after), and the ControlWorkflow's mode, policy and reservation updates.
 `records_from_history` turns one history into flat `AuditRecord`s (pure: no I/O), and
-`export` walks the workflows visibility lists. Histories are read, never trusted to a
-shape: a field an older version did not write is simply absent from the record.
+`export` walks the workflows visibility lists. Payloads are read into the same pydantic
+models the workflows and activities wrote them with (trainmedic.domain), one decoder per
+event kind and a table per activity and update; old histories read the same (fields
+added since have defaults, dropped ones are ignored). A payload no model reads (foreign,
+encrypted) is logged and leaves its record out, or empty, never stopping the audit.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from temporalio.api.common.v1 import Payload
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
+from trainmedic.domain.activity_io import (
+    ApplyEffectRequest,
+    ConsistencyReport,
+    ConsistencyRequest,
+    ControlRef,
+    EffectOutcome,
+    ReserveIsolation,
+    ReserveRestart,
+    VerifyRequest,
+    VerifyResult,
+)
+from trainmedic.domain.control import (
+    ControlInput,
+    ControlState,
+    IsolationGrant,
+    IsolationRequest,
+    RestartGrant,
+    RestartRequest,
+    SetModeRequest,
+    SetPolicyRequest,
+)
+from trainmedic.domain.diagnosis import AttributionRequest, Diagnosis, Evidence
+from trainmedic.domain.incident import (
+    Decision,
+    DecisionPayload,
+    IncidentInput,
+    IncidentResult,
+    IncidentSignal,
+    PlannedEffect,
+)
+from trainmedic.domain.notify import Notification, NotifyResult
 from trainmedic.domain.slurm import EffectResult
 from trainmedic.durations import parse_duration
 from trainmedic.errors import ServiceError, TrainmedicError
@@ -54,9 +89,12 @@ KINDS = (
 )
 
 
+_CONVERTER = pydantic_data_converter.payload_converter
+
+
 def decode_payloads(payloads: list[Payload] | Any) -> list[Any]:
     """JSON values of Temporal payloads, without knowing their Python types."""
-    return list(pydantic_data_converter.payload_converter.from_payloads(list(payloads)))
+    return list(_CONVERTER.from_payloads(list(payloads)))
 
 
 def decode_payload(payload: Payload) -> Any:
@@ -103,50 +141,83 @@ class AuditRecord(BaseModel):
     detail: str = ""
 
 
-# ----------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------- decoding
+
+T = TypeVar("T")
+Req = TypeVar("Req", bound=BaseModel)
+Res = TypeVar("Res", bound=BaseModel)
 
 
-def _decode_all(payloads: Any) -> list[Any]:
+def _raw(payload: Payload | None) -> Any:
+    """A payload's JSON value, for messages no model describes; None when unreadable."""
+    if payload is None:
+        return None
     try:
-        return decode_payloads(payloads.payloads)
+        return decode_payload(payload)
     except Exception as error:  # a foreign or encrypted payload must not stop the audit
-        logger.warning("undecodable payloads in history: %s", error)
-        return []
+        logger.warning("undecodable payload in history: %s", error)
+        return None
 
 
-def _first(payloads: Any) -> Any:
-    values = _decode_all(payloads)
-    return values[0] if values else None
+def _read(payload: Payload | None, model: type[T]) -> T | None:
+    """A payload as the model it was written with; None when absent or unreadable."""
+    if payload is None:
+        return None
+    try:
+        value: T = _CONVERTER.from_payload(payload, model)
+    except Exception as error:  # see _raw
+        logger.warning("unreadable %s in history: %s", getattr(model, "__name__", model), error)
+        return None
+    return value
+
+
+def _first(payloads: Any) -> Payload | None:
+    return payloads.payloads[0] if payloads.payloads else None
 
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def evidence_line(item: dict[str, Any]) -> str:
+class _OutcomeMemo(BaseModel):
+    """The `outcome` memo RecoveryWorkflow upserts as it finishes."""
+
+    outcome: str | None = None
+    summary: str = ""
+
+
+def evidence_line(item: Evidence) -> str:
     """'kernel gpu02 gpu3 [rule]: text' or 'log /path:12 rank 3: text'."""
-    where: list[str] = [str(item.get("source") or "?")]
-    if item.get("file"):
-        where.append(f"{item['file']}:{item['line_no']}" if item.get("line_no") else item["file"])
-    if item.get("node"):
-        where.append(str(item["node"]))
-    if item.get("rank") is not None:
-        where.append(f"rank {item['rank']}")
-    if item.get("gpu") is not None:
-        where.append(f"gpu{item['gpu']}")
-    if item.get("rule_id"):
-        where.append(f"[{item['rule_id']}]")
-    return f"{' '.join(where)}: {item.get('text', '')}"
+    where: list[str] = [item.source.value]
+    if item.file:
+        where.append(f"{item.file}:{item.line_no}" if item.line_no else item.file)
+    if item.node:
+        where.append(item.node)
+    if item.rank is not None:
+        where.append(f"rank {item.rank}")
+    if item.gpu is not None:
+        where.append(f"gpu{item.gpu}")
+    if item.rule_id:
+        where.append(f"[{item.rule_id}]")
+    return f"{' '.join(where)}: {item.text}"
 
 
-def _results(raw: Any) -> list[EffectResult]:
-    out: list[EffectResult] = []
-    for item in raw or []:
-        try:
-            out.append(EffectResult.model_validate(item))
-        except ValidationError:
-            logger.warning("unreadable effect result in history: %r", item)
-    return out
+def _ran(results: list[EffectResult]) -> dict[str, Any]:
+    """A record's `commands` (the exact Slurm argv) and `results`."""
+    return {"commands": [r.command for r in results if r.command], "results": results}
+
+
+def _reserving(request: IsolationRequest | RestartRequest | None) -> str:
+    if isinstance(request, IsolationRequest):
+        return f"isolate {request.node} (partition {request.partition})"
+    if isinstance(request, RestartRequest):
+        return f"restart job {request.job_id} ({request.cause})"
+    return "?"
+
+
+def _sender(identity: str) -> dict[str, Any]:
+    """A message's identity, and whether it came without one (the Temporal UI's)."""
+    return {"identity": identity or None, "unverified_identity": not identity}
 
 
 def _event_time(event: HistoryEvent) -> datetime:
@@ -162,8 +233,12 @@ def _failure_message(failure: Any) -> str:
     return str(message)
 
 
+# ------------------------------------------------------------------------ the walk
+
+
 class _Walker:
-    """State carried across one history's events."""
+    """State carried across one history's events. Each event kind has its decoder
+    (`_EVENTS`); activities and updates have theirs in `_ACTIVITIES` and `_UPDATES`."""
 
     def __init__(self, history: WorkflowHistory) -> None:
         self.history = history
@@ -176,516 +251,471 @@ class _Walker:
         self.policy_version: str | None = None
         self.catalog_version: str | None = None
         self.records: list[AuditRecord] = []
-        self.scheduled: dict[int, tuple[str, Any]] = {}  # event id -> (activity, input)
-        self.accepted: dict[int, tuple[HistoryEvent, str, Any]] = {}  # update accepted
+        self.event = HistoryEvent()  # the one being read (an update's: its acceptance)
+        self.attrs: Any = None  # its attributes
+        self.sender: dict[str, Any] = {}  # an update's identity (see _sender)
+        self.scheduled: dict[int, tuple[str, Payload | None]] = {}  # event id -> (type, input)
+        self.accepted: dict[int, HistoryEvent] = {}  # updates accepted, by event id
         self.effect_status: dict[str, str] = {}
-        self.effect_kinds: dict[str, str] = {}
+        self.planned: set[str] = set()  # effects already recorded as planned
         self.decision_signals: list[AuditRecord] = []
-        self.memo_decisions: list[dict[str, Any]] = []
+        self.memo_decisions: list[Decision] = []
         self.has_diagnosis = False
         self.has_outcome = False
 
-    def record(self, event: HistoryEvent, kind: str, **fields: Any) -> AuditRecord:
+    def record(self, kind: str, **fields: Any) -> AuditRecord:
         fields.setdefault("incident", self.workflow_id if self.workflow_type == RECOVERY else None)
         fields.setdefault("stage", self.stage)
         fields.setdefault("mode", self.mode)
         fields.setdefault("policy_version", self.policy_version)
         rec = AuditRecord(
-            time=_event_time(event),
+            time=_event_time(self.event),
             kind=kind,
             workflow_id=self.workflow_id,
             run_id=self.run_id,
             workflow_type=self.workflow_type,
-            event_id=event.event_id,
+            event_id=self.event.event_id,
             cluster=self.cluster,
             **fields,
         )
         self.records.append(rec)
         return rec
 
-    # ------------------------------------------------------------------ events
-
     def walk(self) -> list[AuditRecord]:
         for event in self.history.events:
-            kind = event.WhichOneof("attributes")
-            if kind is None:
-                continue
-            handler = getattr(self, f"on_{kind}", None)
-            if handler is not None:
-                handler(event, getattr(event, kind))
+            kind = event.WhichOneof("attributes") or ""
+            decoder = _EVENTS.get(kind.removesuffix("_event_attributes"))
+            if decoder is not None:
+                self.event, self.attrs = event, getattr(event, kind)
+                decoder(self, self.attrs)
         self.settle_signals()
         return self.records
 
-    def on_workflow_execution_started_event_attributes(self, event: HistoryEvent, a: Any) -> None:
+    # -- workflow start ---------------------------------------------------------------
+
+    def started(self, a: Any) -> None:
         self.workflow_type = a.workflow_type.name
         self.run_id = a.original_execution_run_id or ""
-        request = _dict(_first(a.input))
-        self.cluster = request.get("cluster")
-        if self.workflow_type == CONTROL:
-            state = _dict(request.get("state"))
-            policy = _dict(state.get("policy") or request.get("policy"))
-            self.policy_version = policy.get("version")
-            self.mode = state.get("mode") or _dict(policy.get("mode")).get("default") or "monitor"
-            if not state:  # a fresh start (not a continue-as-new) sets the initial mode
-                self.record(
-                    event,
-                    "mode_change",
-                    who="trainmedic:start",
-                    identity=a.identity or None,
-                    via="start",
-                    detail="initial mode from policy",
-                )
+        if self.workflow_type == RECOVERY:
+            self.incident_started(_read(_first(a.input), IncidentInput))
+        elif self.workflow_type == CONTROL:
+            self.control_started(_read(_first(a.input), ControlInput))
+        else:  # a quarantine, the lease: only which cluster it is about
+            cluster = _dict(_raw(_first(a.input))).get("cluster")
+            self.cluster = cluster if isinstance(cluster, str) else None
+
+    def incident_started(self, request: IncidentInput | None) -> None:
+        if request is None:
             return
-        if self.workflow_type != RECOVERY:
-            return
-        signal = _dict(request.get("signal"))
-        nodes = list(request.get("nodes") or [])
-        job = request.get("job_id")
-        about = f"job {job}" if job else "no job"
+        self.cluster = request.cluster
+        signal = request.signal or IncidentSignal()
+        about = f"job {request.job_id}" if request.job_id else "no job"
+        nodes = ",".join(request.nodes) or "none"
         self.record(
-            event,
             "incident_started",
-            identity=a.identity or None,
-            unverified_identity=not a.identity,
+            **_sender(self.attrs.identity),
             via="start",
-            mode=request.get("mode"),
-            culprit_nodes=nodes,
-            evidence=[evidence_line(_dict(e)) for e in signal.get("evidence") or []],
-            detail=(
-                f"{signal.get('source', 'manual')}/{signal.get('kind', 'report')} "
-                f"({about}, nodes {','.join(nodes) or 'none'}): {signal.get('detail', '')}"
-            ).strip(),
+            mode=request.mode.value if request.mode else None,
+            culprit_nodes=request.nodes,
+            evidence=[evidence_line(e) for e in signal.evidence],
+            detail=f"{signal.source}/{signal.kind} ({about}, nodes {nodes}): "
+            f"{signal.detail}".strip(),
         )
 
-    def on_upsert_workflow_search_attributes_event_attributes(
-        self, event: HistoryEvent, a: Any
-    ) -> None:
+    def control_started(self, request: ControlInput | None) -> None:
+        if request is None:
+            return
+        self.cluster = request.cluster
+        state = request.state
+        self.policy_version = (state.policy if state else request.policy).version
+        self.mode = (state.mode if state else request.policy.mode.default).value
+        if state is None:  # a fresh start (not a continue-as-new) sets the initial mode
+            self.record(
+                "mode_change",
+                who="trainmedic:start",
+                identity=self.attrs.identity or None,
+                via="start",
+                detail="initial mode from policy",
+            )
+
+    def search_attributes(self, a: Any) -> None:
         fields = a.search_attributes.indexed_fields
         for name, attr in (("TmStage", "stage"), ("TmMode", "mode"), ("TmCluster", "cluster")):
-            if name in fields:
-                try:
-                    value = decode_payload(fields[name])
-                except Exception:  # an odd attribute is not worth failing for
-                    continue
-                if isinstance(value, list):
-                    value = value[0] if value else None
-                if value:
-                    setattr(self, attr, str(value))
+            value = _raw(fields[name]) if name in fields else None
+            if isinstance(value, list):
+                value = value[0] if value else None
+            if value:
+                setattr(self, attr, str(value))
 
-    def on_activity_task_scheduled_event_attributes(self, event: HistoryEvent, a: Any) -> None:
-        self.scheduled[event.event_id] = (a.activity_type.name, _first(a.input))
+    # -- activities and operator messages ---------------------------------------------
 
-    def on_activity_task_completed_event_attributes(self, event: HistoryEvent, a: Any) -> None:
+    def activity_scheduled(self, a: Any) -> None:
+        self.scheduled[self.event.event_id] = (a.activity_type.name, _first(a.input))
+
+    def activity_completed(self, a: Any) -> None:
         name, request = self.scheduled.get(a.scheduled_event_id, ("", None))
-        result = _dict(_first(a.result))
-        request = _dict(request)
-        if name == "control_snapshot":
-            self.policy_version = _dict(result.get("policy")).get("version") or self.policy_version
-        elif name == "attribute":
-            self.diagnosis(event, result)
-        elif name == "apply_effect":
-            effect = _dict(request.get("effect"))
-            results = _results(result.get("results"))
-            effect_id = effect.get("id")
-            status = result.get("status")
-            if effect_id and status:
-                self.effect_status[effect_id] = status
-            self.record(
-                event,
-                "effect_applied",
-                identity=a.identity or None,
-                effect_id=effect_id,
-                effect_kind=effect.get("kind"),
-                status=status,
-                commands=[r.command for r in results if r.command],
-                results=results,
-                detail=result.get("note") or effect.get("reason") or "",
-            )
-        elif name == "verify_job":
-            nudged = _results(result.get("nudged"))
-            running = bool(result.get("running"))
-            nodes = ",".join(result.get("nodes") or [])
-            self.record(
-                event,
-                "verification",
-                status="running" if running else str(result.get("state") or "not running"),
-                commands=[r.command for r in nudged if r.command],
-                results=nudged,
-                detail=(
-                    f"job {request.get('job_id')} {result.get('state', '')}"
-                    f"{' on ' + nodes if nodes else ''}: {result.get('detail', '')}"
-                ).rstrip(": "),
-            )
-        elif name == "check_consistency":
-            checked = _results(result.get("results"))
-            self.record(
-                event,
-                "consistency",
-                commands=[r.command for r in checked if r.command],
-                results=checked,
-                detail=result.get("summary", ""),
-            )
-        elif name in ("reserve_isolation", "reserve_restart"):
-            inner = _dict(request.get("request"))
-            what = (
-                f"isolate {inner.get('node')} (partition {inner.get('partition')})"
-                if name == "reserve_isolation"
-                else f"restart job {inner.get('job_id')} ({inner.get('cause')})"
-            )
-            granted = bool(result.get("granted"))
-            self.record(
-                event,
-                "reservation",
-                status="granted" if granted else "refused",
-                detail=f"{what}: {result.get('reason', '')}",
-            )
-        elif name == "notify":
-            sent = _dict(request)
-            self.record(
-                event,
-                "notification",
-                status="delivered" if result.get("delivered") else "not sent",
-                detail=f"{sent.get('event')}: {result.get('detail', '')}".rstrip(": "),
-            )
+        if (how := _ACTIVITIES.get(name)) and (result := _read(_first(a.result), how.result)):
+            how.completed(self, _read(request, how.request), result)
 
-    def on_activity_task_failed_event_attributes(self, event: HistoryEvent, a: Any) -> None:
+    def activity_failed(self, a: Any) -> None:
         name, request = self.scheduled.get(a.scheduled_event_id, ("", None))
-        if name == "notify":
-            # Out of retries: the news did not reach anyone, and the trail says so.
-            self.record(
-                event,
-                "notification",
-                status="failed",
-                detail=f"{_dict(request).get('event')}: {_failure_message(a.failure)}",
-            )
-            return
-        if name != "apply_effect":
-            return
-        effect = _dict(_dict(request).get("effect"))
-        self.record(
-            event,
-            "effect_applied",
-            identity=a.identity or None,
-            effect_id=effect.get("id"),
-            effect_kind=effect.get("kind"),
-            status="failed",
-            detail=_failure_message(a.failure),
-        )
+        if (how := _ACTIVITIES.get(name)) and how.failed:
+            how.failed(self, _read(request, how.request), _failure_message(a.failure))
 
-    def on_workflow_execution_signaled_event_attributes(self, event: HistoryEvent, a: Any) -> None:
-        payload = _dict(_first(a.input))
-        identity = a.identity or None
-        if a.signal_name in ("approve", "reject"):
+    def signaled(self, a: Any) -> None:
+        name, payload = a.signal_name, _first(a.input)
+        if name in ("approve", "reject"):
+            # Unreadable, it still says which decision came (with the payload's defaults).
+            decision = _read(payload, DecisionPayload) or DecisionPayload()
             rec = self.record(
-                event,
                 "decision",
-                who=payload.get("by") or None,
-                identity=identity,
-                unverified_identity=not identity,
+                who=decision.by or None,
+                **_sender(a.identity),
                 via="signal",
-                approve=a.signal_name == "approve",
-                action=payload.get("action", "all"),
-                comment=payload.get("comment") or None,
-                detail=f"{a.signal_name} {payload.get('action', 'all')}",
+                approve=name == "approve",
+                action=decision.action,
+                comment=decision.comment or None,
+                detail=f"{name} {decision.action}",
             )
             self.decision_signals.append(rec)
             return
+        report = _read(payload, IncidentSignal) if name == "report" else None
+        raw = _dict(_raw(payload))
         self.record(
-            event,
             "signal",
-            who=payload.get("by") or None,
-            identity=identity,
-            unverified_identity=not identity,
+            who=raw.get("by") or None,
+            **_sender(a.identity),
             via="signal",
-            evidence=[evidence_line(_dict(e)) for e in payload.get("evidence") or []],
-            detail=f"{a.signal_name}: {payload.get('detail') or payload}",
+            evidence=[evidence_line(e) for e in report.evidence] if report else [],
+            detail=f"{name}: {raw.get('detail') or raw}",
         )
 
-    def on_workflow_execution_update_accepted_event_attributes(
-        self, event: HistoryEvent, a: Any
-    ) -> None:
-        request = a.accepted_request
-        args = _decode_all(request.input.args)
-        self.accepted[event.event_id] = (event, request.input.name, args[0] if args else None)
+    def update_accepted(self, a: Any) -> None:
+        self.accepted[self.event.event_id] = self.event
 
-    def on_workflow_execution_update_completed_event_attributes(
-        self, event: HistoryEvent, a: Any
-    ) -> None:
-        accepted_event, name, payload = self.accepted.pop(a.accepted_event_id, (None, "", None))
-        if accepted_event is None:
+    def update_completed(self, a: Any) -> None:
+        accepted = self.accepted.pop(a.accepted_event_id, None)
+        if accepted is None:
             return
-        identity = accepted_event.workflow_execution_update_accepted_event_attributes
-        who_identity = identity.accepted_request.meta.identity or None
-        failed = a.outcome.HasField("failure")
-        result = None if failed else _dict(_first(a.outcome.success))
-        self.update(accepted_event, name, _dict(payload), who_identity, result, a, failed)
+        self.event = accepted  # an update is recorded where it was accepted
+        asked = accepted.workflow_execution_update_accepted_event_attributes.accepted_request
+        name, payload = asked.input.name, _first(asked.input.args)
+        self.sender = {**_sender(asked.meta.identity), "via": "update"}
+        failure = _failure_message(a.outcome.failure) if a.outcome.HasField("failure") else None
+        how = _UPDATES.get(name)
+        request = _read(payload, how.request) if how else None
+        if how is None or request is None:
+            who = _dict(_raw(payload)).get("by") or None
+            self.record("signal", who=who, detail=failure or f"update {name}", **self.sender)
+            return
+        result = None
+        if failure is None and how.result is not None:
+            result = _read(_first(a.outcome.success), how.result)
+        how.record(self, request, result, failure)
 
-    def update(
-        self,
-        event: HistoryEvent,
-        name: str,
-        payload: dict[str, Any],
-        identity: str | None,
-        result: dict[str, Any] | None,
-        completed: Any,
-        failed: bool,
-    ) -> None:
-        failure = _failure_message(completed.outcome.failure) if failed else ""
-        common: dict[str, Any] = {
-            "identity": identity,
-            "unverified_identity": not identity,
-            "via": "update",
-        }
-        if name == "decide":
-            decision = payload.get("decision")
-            self.record(
-                event,
-                "decision_refused" if failed else "decision",
-                who=payload.get("by") or None,
-                approve=decision == "approve" if decision else None,
-                action=payload.get("action", "all"),
-                comment=payload.get("comment") or None,
-                detail=failure or f"{decision} {payload.get('action', 'all')}",
-                **common,
-            )
-        elif name == "set_mode":
-            if not failed:
-                self.mode = payload.get("mode") or self.mode
-            self.record(
-                event,
-                "mode_change",
-                who=payload.get("by") or None,
-                status="failed" if failed else "applied",
-                detail=failure or f"mode {payload.get('mode')}: {payload.get('reason', '')}",
-                **common,
-            )
-        elif name == "set_policy":
-            policy = _dict(payload.get("policy"))
-            if not failed:
-                self.policy_version = policy.get("version") or self.policy_version
-            self.record(
-                event,
-                "policy_change",
-                who=payload.get("by") or None,
-                status="failed" if failed else "applied",
-                detail=failure
-                or f"policy {policy.get('version')}: {payload.get('reason', '')}".rstrip(": "),
-                **common,
-            )
-        elif name in ("reserve_isolation", "reserve_restart"):
-            granted = bool((result or {}).get("granted"))
-            what = (
-                f"isolate {payload.get('node')} (partition {payload.get('partition')})"
-                if name == "reserve_isolation"
-                else f"restart job {payload.get('job_id')} ({payload.get('cause')})"
-            )
-            self.record(
-                event,
-                "reservation",
-                incident=payload.get("incident_id"),
-                status="failed" if failed else ("granted" if granted else "refused"),
-                detail=failure or f"{what}: {(result or {}).get('reason', '')}",
-                **common,
-            )
-            if result and result.get("breaker_tripped"):
-                self.mode = "monitor"
-                self.record(
-                    event,
-                    "mode_change",
-                    who="trainmedic:breaker",
-                    incident=payload.get("incident_id"),
-                    detail=f"breaker tripped: {result.get('reason', '')}",
-                )
-        else:
-            self.record(
-                event,
-                "signal",
-                who=payload.get("by") or None,
-                detail=failure or f"update {name}",
-                **common,
-            )
+    # -- what the incident recorded in its memo ---------------------------------------
 
-    def on_workflow_properties_modified_event_attributes(self, event: HistoryEvent, a: Any) -> None:
+    def memo(self, a: Any) -> None:
         fields = a.upserted_memo.fields
-        for key in ("diagnosis", "effects", "decisions", "outcome"):
-            if key not in fields:
-                continue
-            try:
-                value = decode_payload(fields[key])
-            except Exception:  # see _decode_all
-                continue
-            if key == "diagnosis" and not self.has_diagnosis:
-                self.diagnosis(event, _dict(value))
-            elif key == "effects":
-                self.effects(event, value if isinstance(value, list) else [])
-            elif key == "decisions":
-                self.decisions(event, value if isinstance(value, list) else [])
-            elif key == "outcome" and not self.has_outcome:
-                outcome = _dict(value)
-                self.has_outcome = True
-                self.record(
-                    event,
-                    "outcome",
-                    stage="done",
-                    status=outcome.get("outcome"),
-                    detail=outcome.get("summary", ""),
-                )
+        if "diagnosis" in fields and not self.has_diagnosis:
+            self.diagnosis(_read(fields["diagnosis"], Diagnosis))
+        if "effects" in fields:
+            self.effects(_read(fields["effects"], list[PlannedEffect]) or [])
+        if "decisions" in fields:
+            self.decisions(_read(fields["decisions"], list[Decision]) or [])
+        if "outcome" in fields and (outcome := _read(fields["outcome"], _OutcomeMemo)):
+            self.closed(outcome.outcome, outcome.summary)
 
-    def diagnosis(self, event: HistoryEvent, diagnosis: dict[str, Any]) -> None:
-        if not diagnosis or self.has_diagnosis:
+    def diagnosis(self, diagnosis: Diagnosis | None) -> None:
+        if diagnosis is None or self.has_diagnosis:
             return
         self.has_diagnosis = True
-        self.catalog_version = diagnosis.get("catalog_version")
-        confidence = diagnosis.get("confidence")
+        self.catalog_version = diagnosis.catalog_version
+        category, action = diagnosis.category.value, diagnosis.action.value
         self.record(
-            event,
             "diagnosis",
             stage="attribute",
-            category=diagnosis.get("category"),
-            action=diagnosis.get("action"),
-            culprit_nodes=list(diagnosis.get("culprit_nodes") or []),
-            evidence=[evidence_line(_dict(e)) for e in diagnosis.get("evidence") or []],
-            rule_ids=list(diagnosis.get("rule_ids") or []),
+            category=category,
+            action=action,
+            culprit_nodes=diagnosis.culprit_nodes,
+            evidence=[evidence_line(e) for e in diagnosis.evidence],
+            rule_ids=diagnosis.rule_ids,
             catalog_version=self.catalog_version,
-            detail=(
-                f"{diagnosis.get('category')} -> {diagnosis.get('action')}"
-                f" (confidence {confidence}): {diagnosis.get('summary', '')}"
-            ),
+            detail=f"{category} -> {action} (confidence {diagnosis.confidence}): "
+            f"{diagnosis.summary}",
         )
 
-    def effects(self, event: HistoryEvent, effects: list[Any]) -> None:
-        for raw in effects:
-            effect = _dict(raw)
-            effect_id = effect.get("id")
-            status = effect.get("status")
-            if not effect_id or not status:
-                continue
+    def effects(self, effects: list[PlannedEffect]) -> None:
+        for effect in effects:
+            status = effect.status.value
             fields: dict[str, Any] = {
-                "effect_id": effect_id,
-                "effect_kind": effect.get("kind"),
+                "effect_id": effect.id,
+                "effect_kind": effect.kind.value,
                 "status": status,
-                "mode": effect.get("mode") or self.mode,
+                "mode": effect.mode.value,
                 "catalog_version": self.catalog_version,
             }
-            if effect_id not in self.effect_kinds:
-                self.effect_kinds[effect_id] = effect.get("kind") or ""
-                self.effect_status[effect_id] = status
-                self.record(
-                    event,
-                    "effect_planned",
-                    detail=f"{effect.get('reason', '')} {effect.get('note', '')}".strip(),
-                    **fields,
-                )
-            elif self.effect_status.get(effect_id) != status:
-                self.effect_status[effect_id] = status
-                results = _results(effect.get("results"))
-                self.record(
-                    event,
-                    "effect_status",
-                    commands=[r.command for r in results if r.command],
-                    results=results,
-                    detail=effect.get("note", ""),
-                    **fields,
-                )
+            if effect.id not in self.planned:
+                self.planned.add(effect.id)
+                self.effect_status[effect.id] = status
+                detail = f"{effect.reason} {effect.note}".strip()
+                self.record("effect_planned", detail=detail, **fields)
+            elif self.effect_status.get(effect.id) != status:
+                self.effect_status[effect.id] = status
+                self.record("effect_status", **_ran(effect.results), detail=effect.note, **fields)
 
-    def decisions(self, event: HistoryEvent, decisions: list[Any]) -> None:
+    def decisions(self, decisions: list[Decision]) -> None:
         # Each memo holds the whole list. Operator decisions were recorded from their
         # signal or update event (which carries the identity); only timeouts are new here.
-        for raw in decisions[len(self.memo_decisions) :]:
-            decision = _dict(raw)
-            if decision.get("via") == "timeout":
+        for decision in decisions[len(self.memo_decisions) :]:
+            if decision.via == "timeout":
                 self.record(
-                    event,
                     "decision",
-                    who=decision.get("by"),
+                    who=decision.by,
                     via="timeout",
-                    approve=decision.get("approve"),
-                    action=decision.get("action"),
-                    effect_id=",".join(decision.get("effect_ids") or []) or None,
-                    comment=decision.get("comment") or None,
-                    detail=decision.get("comment", ""),
+                    approve=decision.approve,
+                    action=decision.action,
+                    effect_id=",".join(decision.effect_ids) or None,
+                    comment=decision.comment or None,
+                    detail=decision.comment,
                 )
-        self.memo_decisions = [_dict(d) for d in decisions]
+        self.memo_decisions = decisions
 
-    def on_workflow_execution_cancel_requested_event_attributes(
-        self, event: HistoryEvent, a: Any
-    ) -> None:
-        self.record(
-            event,
-            "cancel_requested",
-            identity=a.identity or None,
-            unverified_identity=not a.identity,
-            detail=a.cause or "cancellation requested",
-        )
+    # -- the end ------------------------------------------------------------------------
 
-    def on_workflow_execution_completed_event_attributes(self, event: HistoryEvent, a: Any) -> None:
-        if a.new_execution_run_id:
-            return  # continue-as-new: the next run carries on
-        if self.workflow_type != RECOVERY:
-            return
-        result = _dict(_first(a.result))
-        if isinstance(result.get("decisions"), list):
-            self.memo_decisions = [_dict(d) for d in result["decisions"]]
-        if self.has_outcome:
-            return
-        self.has_outcome = True
-        self.record(
-            event,
-            "outcome",
-            stage="done",
-            status=result.get("outcome"),
-            detail=result.get("summary", ""),
-        )
+    def cancel_requested(self, a: Any) -> None:
+        detail = a.cause or "cancellation requested"
+        self.record("cancel_requested", **_sender(a.identity), detail=detail)
 
-    def on_workflow_execution_failed_event_attributes(self, event: HistoryEvent, a: Any) -> None:
-        self.closed(event, "failed", _failure_message(a.failure))
+    def completed(self, a: Any) -> None:
+        if a.new_execution_run_id or self.workflow_type != RECOVERY:
+            return  # continue-as-new (the next run carries on), or not an incident
+        result = _read(_first(a.result), IncidentResult)
+        if result is not None:
+            self.memo_decisions = result.decisions
+        self.closed(result.outcome.value if result else None, result.summary if result else "")
 
-    def on_workflow_execution_canceled_event_attributes(self, event: HistoryEvent, a: Any) -> None:
-        self.closed(event, "cancelled", "workflow cancelled")
-
-    def on_workflow_execution_terminated_event_attributes(
-        self, event: HistoryEvent, a: Any
-    ) -> None:
-        self.closed(
-            event,
-            "terminated",
-            a.reason or "terminated",
-            identity=a.identity or None,
-            unverified_identity=not a.identity,
-        )
-
-    def on_workflow_execution_timed_out_event_attributes(self, event: HistoryEvent, a: Any) -> None:
-        self.closed(event, "timed_out", "workflow timed out")
-
-    def closed(self, event: HistoryEvent, status: str, detail: str, **fields: Any) -> None:
-        if self.has_outcome:
-            return
-        self.has_outcome = True
-        self.record(event, "outcome", stage="done", status=status, detail=detail, **fields)
+    def closed(self, status: str | None, detail: str, **fields: Any) -> None:
+        if not self.has_outcome:
+            self.has_outcome = True
+            self.record("outcome", stage="done", status=status, detail=detail, **fields)
 
     def settle_signals(self) -> None:
         """A decision signal the workflow refused (it cannot answer a signal) is one
         that never reached the workflow's own list of decisions."""
-        taken = [d for d in self.memo_decisions if d.get("via") == "signal"]
+        taken = [d for d in self.memo_decisions if d.via == "signal"]
         for rec in self.decision_signals:
-            match = next(
-                (
-                    d
-                    for d in taken
-                    if d.get("by") == (rec.who or "")
-                    and d.get("action") == rec.action
-                    and d.get("approve") == rec.approve
-                ),
-                None,
+            same = (
+                d
+                for d in taken
+                if (d.by, d.action, d.approve) == (rec.who or "", rec.action, rec.approve)
             )
+            match = next(same, None)
             if match is not None:
                 taken.remove(match)
-                rec.effect_id = ",".join(match.get("effect_ids") or []) or None
+                rec.effect_id = ",".join(match.effect_ids) or None
             elif self.has_outcome:
                 rec.kind = "decision_refused"
                 rec.detail = f"{rec.detail}: not taken by the workflow (see its `ignored` list)"
             else:
                 rec.detail = f"{rec.detail}: not (yet) in the workflow's decisions"
+
+
+# ------------------------------------------------------------ activities and updates
+
+
+def _snapshot(w: _Walker, _: ControlRef | None, state: ControlState) -> None:
+    w.policy_version = state.policy.version or w.policy_version
+
+
+def _attributed(w: _Walker, _: AttributionRequest | None, diagnosis: Diagnosis) -> None:
+    w.diagnosis(diagnosis)
+
+
+def _applied(w: _Walker, request: ApplyEffectRequest | None, outcome: EffectOutcome) -> None:
+    effect = request.effect if request else None
+    if effect is not None:
+        w.effect_status[effect.id] = outcome.status.value
+    detail = outcome.note or (effect.reason if effect else "")
+    status = outcome.status.value
+    w.record(
+        "effect_applied",
+        **_effect(w, effect),
+        status=status,
+        detail=detail,
+        **_ran(outcome.results),
+    )
+
+
+def _apply_failed(w: _Walker, request: ApplyEffectRequest | None, failure: str) -> None:
+    effect = request.effect if request else None
+    w.record("effect_applied", **_effect(w, effect), status="failed", detail=failure)
+
+
+def _effect(w: _Walker, effect: PlannedEffect | None) -> dict[str, Any]:
+    """Which effect was applied, and the identity of the worker that applied it."""
+    return {
+        "identity": w.attrs.identity or None,
+        "effect_id": effect.id if effect else None,
+        "effect_kind": effect.kind.value if effect else None,
+    }
+
+
+def _verified(w: _Walker, request: VerifyRequest | None, result: VerifyResult) -> None:
+    on = f" on {','.join(result.nodes)}" if result.nodes else ""
+    job = request.job_id if request else None
+    w.record(
+        "verification",
+        status="running" if result.running else (result.state or "not running"),
+        detail=f"job {job} {result.state}{on}: {result.detail}".rstrip(": "),
+    )
+
+
+def _consistency(w: _Walker, _: ConsistencyRequest | None, report: ConsistencyReport) -> None:
+    w.record("consistency", **_ran(report.results), detail=report.summary)
+
+
+def _reserved(
+    w: _Walker,
+    request: ReserveIsolation | ReserveRestart | None,
+    grant: IsolationGrant | RestartGrant,
+) -> None:
+    what = _reserving(request.request if request else None)
+    status = "granted" if grant.granted else "refused"
+    w.record("reservation", status=status, detail=f"{what}: {grant.reason}")
+
+
+def _notified(w: _Walker, request: Notification | None, result: NotifyResult) -> None:
+    status = "delivered" if result.delivered else "not sent"
+    event = request.event.value if request else None
+    w.record("notification", status=status, detail=f"{event}: {result.detail}".rstrip(": "))
+
+
+def _notify_failed(w: _Walker, request: Notification | None, failure: str) -> None:
+    # Out of retries: the news did not reach anyone, and the trail says so.
+    event = request.event.value if request else None
+    w.record("notification", status="failed", detail=f"{event}: {failure}")
+
+
+def _decided(w: _Walker, payload: DecisionPayload, _: None, failure: str | None) -> None:
+    decision = payload.decision
+    w.record(
+        "decision_refused" if failure is not None else "decision",
+        who=payload.by or None,
+        approve=decision == "approve" if decision else None,
+        action=payload.action,
+        comment=payload.comment or None,
+        detail=failure or f"{decision} {payload.action}",
+        **w.sender,
+    )
+
+
+def _mode_set(w: _Walker, request: SetModeRequest, _: None, failure: str | None) -> None:
+    if failure is None:
+        w.mode = request.mode.value
+    _changed(w, "mode_change", request.by, failure, f"mode {request.mode.value}: {request.reason}")
+
+
+def _policy_set(w: _Walker, request: SetPolicyRequest, _: None, failure: str | None) -> None:
+    version = request.policy.version
+    if failure is None:
+        w.policy_version = version or w.policy_version
+    detail = f"policy {version}: {request.reason}".rstrip(": ")
+    _changed(w, "policy_change", request.by, failure, detail)
+
+
+def _changed(w: _Walker, kind: str, by: str, failure: str | None, detail: str) -> None:
+    status = "failed" if failure is not None else "applied"
+    w.record(kind, who=by or None, status=status, detail=failure or detail, **w.sender)
+
+
+def _reservation(
+    w: _Walker,
+    request: IsolationRequest | RestartRequest,
+    grant: IsolationGrant | RestartGrant | None,
+    failure: str | None,
+) -> None:
+    status = (
+        "failed" if failure is not None else "granted" if grant and grant.granted else "refused"
+    )
+    reason = grant.reason if grant else ""
+    incident = request.incident_id
+    detail = failure or f"{_reserving(request)}: {reason}"
+    w.record("reservation", incident=incident, status=status, detail=detail, **w.sender)
+    if isinstance(grant, IsolationGrant) and grant.breaker_tripped:
+        w.mode = "monitor"
+        detail = f"breaker tripped: {reason}"
+        w.record("mode_change", who="trainmedic:breaker", incident=incident, detail=detail)
+
+
+@dataclass(frozen=True)
+class _Activity(Generic[Req, Res]):
+    """How one activity is audited: its models, and what it records when it completes
+    (or fails for good)."""
+
+    request: type[Req]
+    result: type[Res]
+    completed: Callable[[_Walker, Req | None, Res], None]
+    failed: Callable[[_Walker, Req | None, str], None] | None = None
+
+
+@dataclass(frozen=True)
+class _Update(Generic[Req, Res]):
+    """How one workflow update is audited: its payload's and result's models (None: its
+    result is not read), and what it records given the failure's message (None: done)."""
+
+    request: type[Req]
+    result: type[Res] | None
+    record: Callable[[_Walker, Req, Res | None, str | None], None]
+
+
+# By activity type (the @activity.defn names), with the models of the activity's
+# signature (tests/unit/test_audit.py holds the two to each other).
+_ACTIVITIES: dict[str, _Activity[Any, Any]] = {
+    "control_snapshot": _Activity(ControlRef, ControlState, _snapshot),
+    "attribute": _Activity(AttributionRequest, Diagnosis, _attributed),
+    "apply_effect": _Activity(ApplyEffectRequest, EffectOutcome, _applied, _apply_failed),
+    "verify_job": _Activity(VerifyRequest, VerifyResult, _verified),
+    "check_consistency": _Activity(ConsistencyRequest, ConsistencyReport, _consistency),
+    "reserve_isolation": _Activity(ReserveIsolation, IsolationGrant, _reserved),
+    "reserve_restart": _Activity(ReserveRestart, RestartGrant, _reserved),
+    "notify": _Activity(Notification, NotifyResult, _notified, _notify_failed),
+}
+
+# By update name; any other update is recorded as a "signal" with its payload's `by`.
+_UPDATES: dict[str, _Update[Any, Any]] = {
+    "decide": _Update(DecisionPayload, None, _decided),
+    "set_mode": _Update(SetModeRequest, None, _mode_set),
+    "set_policy": _Update(SetPolicyRequest, None, _policy_set),
+    "reserve_isolation": _Update(IsolationRequest, IsolationGrant, _reservation),
+    "reserve_restart": _Update(RestartRequest, RestartGrant, _reservation),
+}
+
+
+def _closed_as(status: str, detail: str) -> Callable[[_Walker, Any], None]:
+    return lambda w, a: w.closed(status, detail)
+
+
+# One decoder per event kind (HistoryEvent's `attributes`); other events say nothing.
+_EVENTS: dict[str, Callable[[_Walker, Any], None]] = {
+    "workflow_execution_started": _Walker.started,
+    "upsert_workflow_search_attributes": _Walker.search_attributes,
+    "activity_task_scheduled": _Walker.activity_scheduled,
+    "activity_task_completed": _Walker.activity_completed,
+    "activity_task_failed": _Walker.activity_failed,
+    "workflow_execution_signaled": _Walker.signaled,
+    "workflow_execution_update_accepted": _Walker.update_accepted,
+    "workflow_execution_update_completed": _Walker.update_completed,
+    "workflow_properties_modified": _Walker.memo,
+    "workflow_execution_cancel_requested": _Walker.cancel_requested,
+    "workflow_execution_completed": _Walker.completed,
+    "workflow_execution_failed": lambda w, a: w.closed("failed", _failure_message(a.failure)),
+    "workflow_execution_canceled": _closed_as("cancelled", "workflow cancelled"),
+    "workflow_execution_terminated": lambda w, a: w.closed(
+        "terminated", a.reason or "terminated", **_sender(a.identity)
+    ),
+    "workflow_execution_timed_out": _closed_as("timed_out", "workflow timed out"),
+}
 
 
 def records_from_history(history: WorkflowHistory) -> list[AuditRecord]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
+from temporalio import activity, workflow
 from temporalio.api.common.v1 import Memo, Payload, Payloads, SearchAttributes, WorkflowType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history import v1 as h
@@ -18,7 +19,13 @@ from temporalio.api.update.v1 import Input, Meta, Outcome, Request
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from trainmedic.activities.attribution import AttributionActivities
+from trainmedic.activities.control import ControlActivities
+from trainmedic.activities.notify import NotifyActivities
+from trainmedic.activities.slurm import SlurmActivities
 from trainmedic.audit import (
+    _ACTIVITIES,
+    _UPDATES,
     AuditError,
     AuditRecord,
     evidence_line,
@@ -26,6 +33,9 @@ from trainmedic.audit import (
     records_from_history,
     visibility_query,
 )
+from trainmedic.domain import Evidence, EvidenceSource
+from trainmedic.workflows.control import ControlWorkflow
+from trainmedic.workflows.recovery import RecoveryWorkflow
 
 T0 = datetime(2025, 3, 12, 10, 0, tzinfo=UTC)
 CONVERTER = pydantic_data_converter.payload_converter
@@ -197,7 +207,11 @@ def approve_incident(decisions: list[dict[str, Any]]) -> History:
         },
         identity="watcher@ctl",
     )
-    hist.activity("control_snapshot", {"cluster": "lab"}, {"policy": {"version": "p-7"}})
+    hist.activity(
+        "control_snapshot",
+        {"cluster": "lab"},
+        {"cluster": "lab", "mode": "approve", "policy": {"version": "p-7"}},
+    )
     hist.stage("attribute")
     hist.activity("attribute", {"job_id": "42"}, DIAGNOSIS)
     hist.memo(diagnosis=DIAGNOSIS)
@@ -432,9 +446,62 @@ def test_undecodable_payload_does_not_stop_the_walk() -> None:
 
 def test_evidence_line_formats_location() -> None:
     line = evidence_line(
-        {"source": "log", "file": "/j/42.out", "line_no": 12, "rank": 3, "text": "boom"}
+        Evidence(source=EvidenceSource.LOG, file="/j/42.out", line_no=12, rank=3, text="boom")
     )
     assert line == "log /j/42.out:12 rank 3: boom"
+
+
+def test_old_verify_result_with_nudged_reads_the_same() -> None:
+    # VerifyResult lost its always-empty `nudged`; histories written before still carry it.
+    hist = History("incident-lab-5-1")
+    hist.started("RecoveryWorkflow", {"cluster": "lab", "job_id": "5"})
+    request = {"incident_id": "incident-lab-5-1", "job_id": "5", "timeout_s": 60}
+    result = {"running": True, "state": "RUNNING", "nodes": ["gpu03"], "nudged": []}
+    hist.activity("verify_job", request, result)
+    [verification] = by_kind(hist.records(), "verification")
+    assert verification.status == "running" and verification.commands == []
+    assert verification.detail == "job 5 RUNNING on gpu03"
+
+
+def test_unreadable_activity_result_is_skipped_not_fatal() -> None:
+    hist = History("incident-lab-6-1")
+    hist.started("RecoveryWorkflow", {"cluster": "lab", "job_id": "6"})
+    hist.activity("apply_effect", {"incident_id": "x"}, {"status": "no such status"})
+    hist.activity("notify", {"event": "escalated"}, {"delivered": True})
+    kinds = [r.kind for r in hist.records()]
+    assert kinds == ["incident_started", "notification"]
+
+
+@pytest.mark.parametrize("name", sorted(_ACTIVITIES))
+def test_activity_table_matches_the_activity_definitions(name: str) -> None:
+    """The audit reads each activity with the models of its signature, under the name
+    it is registered (and scheduled) by."""
+    methods = [
+        AttributionActivities.attribute,
+        ControlActivities.control_snapshot,
+        ControlActivities.reserve_isolation,
+        ControlActivities.reserve_restart,
+        NotifyActivities.notify,
+        SlurmActivities.apply_effect,
+        SlurmActivities.verify_job,
+        SlurmActivities.check_consistency,
+    ]
+    definitions = {d.name: d for d in map(activity._Definition.must_from_callable, methods)}
+    definition, entry = definitions[name], _ACTIVITIES[name]
+    assert (definition.arg_types, definition.ret_type) == ([entry.request], entry.result)
+
+
+@pytest.mark.parametrize("name", sorted(_UPDATES))
+def test_update_table_matches_the_workflow_updates(name: str) -> None:
+    updates = {
+        **workflow._Definition.must_from_class(ControlWorkflow).updates,
+        **workflow._Definition.must_from_class(RecoveryWorkflow).updates,
+    }
+    entry = _UPDATES[name]
+    update = updates[name]
+    assert update.arg_types == [entry.request]
+    if entry.result is not None:
+        assert update.ret_type is entry.result
 
 
 def test_parse_since_durations_and_times() -> None:

@@ -23,20 +23,22 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from trainmedic.config import Policy, QuarantinePolicy, parse_policy
+from trainmedic.domain.activity_io import (
+    Assessment,
+    AssessRequest,
+    HealthCheckRequest,
+    ResumeRequest,
+)
 from trainmedic.domain.control import ControlState, OffenseRequest, OffenseVerdict
 from trainmedic.domain.enums import Mode
 from trainmedic.domain.health import HealthCheck, NodeHealthReport
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.domain.slurm import EffectResult
 from trainmedic.workflows.quarantine import (
-    Assessment,
-    AssessRequest,
-    HealthCheckRequest,
     NodeQuarantineWorkflow,
     QuarantineInput,
     QuarantineStatus,
     ReleasePayload,
-    ResumeRequest,
 )
 from trainmedic.workflows.rails import record_offense
 

@@ -25,8 +25,7 @@ from trainmedic.domain.activity_io import (
 )
 from trainmedic.domain.enums import Category
 from trainmedic.domain.incident import EffectKind, EffectStatus, PlannedEffect
-from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode
-from trainmedic.workflows.planning import OUR_REASON_PREFIX, is_ours
+from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode, is_ours
 
 
 class SlurmActivities:
@@ -120,7 +119,7 @@ class SlurmActivities:
         A job's comment is the user's too: ours goes only over nothing or over ours.
         Slurm refuses comments on a finished job, so callers try again after a requeue.
         """
-        if job.comment and not job.comment.startswith(OUR_REASON_PREFIX):
+        if job.comment and not is_ours(job.comment):
             return []
         if incident_id in job.comment:
             return []
@@ -185,19 +184,17 @@ class SlurmActivities:
         """Wait until the job runs on nodes other than the culprits (heartbeating)."""
         deadline = time.monotonic() + request.timeout_s
         avoid = set(request.avoid_nodes)
-        nudged: list[EffectResult] = []  # kept for the record format; no nudges (see _requeue)
         job = await slurm_call(self._slurm.get_job(request.job_id))
         while True:
             activity.heartbeat(job.state)
             if job.is_running and not (avoid & set(job.nodes)):
-                return VerifyResult(running=True, state=job.state, nodes=job.nodes, nudged=nudged)
+                return VerifyResult(running=True, state=job.state, nodes=job.nodes)
             if job.is_finished:
                 return VerifyResult(
                     running=False,
                     state=job.state,
                     nodes=job.nodes,
                     detail=f"job ended again ({job.state}, {job.state_reason})",
-                    nudged=nudged,
                 )
             if time.monotonic() >= deadline:
                 return VerifyResult(
@@ -205,7 +202,6 @@ class SlurmActivities:
                     state=job.state,
                     nodes=job.nodes,
                     detail=f"still {job.state} ({job.state_reason})",
-                    nudged=nudged,
                 )
             await asyncio.sleep(request.poll_s)
             job = await slurm_call(self._slurm.get_job(request.job_id))

@@ -1,12 +1,17 @@
-"""Inputs and outputs of the recovery activities (one model in, one model out)."""
+"""Inputs and outputs of the activities (one model in, one model out).
+
+Workflows call the activities by their typed methods (`execute_activity_method`), and
+the audit reads these same models back from histories: change them compatibly (new
+fields optional; a field dropped is ignored when an old history still carries it).
+"""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from trainmedic.domain.control import IsolationRequest, RestartRequest
+from trainmedic.domain.control import IsolationRequest, OffenseVerdict, RestartRequest
 from trainmedic.domain.incident import EffectStatus, PlannedEffect
-from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode
+from trainmedic.domain.slurm import OUR_REASON_PREFIX, EffectResult, SlurmJob, SlurmNode
 
 
 class GatherRequest(BaseModel):
@@ -47,7 +52,7 @@ class VerifyResult(BaseModel):
     state: str
     nodes: list[str] = Field(default_factory=list)
     detail: str = ""
-    nudged: list[EffectResult] = Field(default_factory=list)  # start-now commands issued
+    # Old histories also carry `nudged` (always empty): an extra field, ignored.
 
 
 class ControlRef(BaseModel):
@@ -73,3 +78,37 @@ class ConsistencyRequest(BaseModel):
 class ConsistencyReport(BaseModel):
     summary: str
     results: list[EffectResult] = Field(default_factory=list)
+
+
+# -- NodeQuarantineWorkflow's activities ----------------------------------------------
+
+
+class AssessRequest(BaseModel):
+    cluster: str
+    node: str
+    episode: str  # the quarantine's first run id: one offense per quarantine
+    record: bool = True  # False: only read Slurm (a periodic look while waiting)
+
+
+class Assessment(BaseModel):
+    """The node as Slurm shows it when the cool-down ends, and its offense record."""
+
+    node: str
+    state: str  # Slurm's IDLE+DRAIN form
+    out: bool  # drained or down
+    ours: bool  # out with trainmedic's reason
+    reason: str | None = None
+    reason_user: str | None = None
+    incident_id: str | None = None  # parsed from trainmedic's reason
+    category: str | None = None
+    offense: OffenseVerdict | None = None  # recorded only when `ours`
+
+
+class HealthCheckRequest(BaseModel):
+    node: str
+    ecc_baseline: dict[str, int] = Field(default_factory=dict)
+
+
+class ResumeRequest(BaseModel):
+    node: str
+    only_if_reason_contains: str = OUR_REASON_PREFIX

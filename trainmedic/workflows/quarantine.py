@@ -32,15 +32,20 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from trainmedic.activities.quarantine import QuarantineActivities
     from trainmedic.config import QuarantinePolicy
-    from trainmedic.domain.control import OffenseVerdict
+    from trainmedic.domain.activity_io import (
+        Assessment,
+        AssessRequest,
+        HealthCheckRequest,
+        ResumeRequest,
+    )
     from trainmedic.domain.health import HealthCheck, NodeHealthReport
     from trainmedic.domain.incident import IncidentSignal
     from trainmedic.domain.slurm import EffectResult
     from trainmedic.durations import format_duration
     from trainmedic.temporal.search_attributes import TM_CLUSTER, TM_NODES
 
-OURS = "trainmedic"
 # Reports and health reports kept in the workflow (and carried over continue-as-new).
 MAX_SIGNALS = 50
 MAX_CHECKS = 20
@@ -51,20 +56,6 @@ def quarantine_workflow_id(cluster: str, node: str) -> str:
 
 
 WaitingFor = Literal["health_check", "repeat_offender"]
-
-
-class Assessment(BaseModel):
-    """The node as Slurm shows it when the cool-down ends, and its offense record."""
-
-    node: str
-    state: str  # Slurm's IDLE+DRAIN form
-    out: bool  # drained or down
-    ours: bool  # out with trainmedic's reason
-    reason: str | None = None
-    reason_user: str | None = None
-    incident_id: str | None = None  # parsed from trainmedic's reason
-    category: str | None = None
-    offense: OffenseVerdict | None = None  # recorded only when `ours`
 
 
 class Release(BaseModel):
@@ -88,23 +79,6 @@ class QuarantineInput(BaseModel):
     waiting_for: WaitingFor | None = None
     failed_checks: int = 0
     ecc_baseline: dict[str, int] | None = None
-
-
-class AssessRequest(BaseModel):
-    cluster: str
-    node: str
-    episode: str  # the quarantine's first run id: one offense per quarantine
-    record: bool = True  # False: only read Slurm (a periodic look while waiting)
-
-
-class HealthCheckRequest(BaseModel):
-    node: str
-    ecc_baseline: dict[str, int] = Field(default_factory=dict)
-
-
-class ResumeRequest(BaseModel):
-    node: str
-    only_if_reason_contains: str = OURS
 
 
 class ReleasePayload(BaseModel):
@@ -276,15 +250,14 @@ class NodeQuarantineWorkflow:
             self._set("checking", "reading the node's state in Slurm")
         info = workflow.info()
         try:
-            return await workflow.execute_activity(
-                "quarantine_assess",
+            return await workflow.execute_activity_method(
+                QuarantineActivities.assess,
                 AssessRequest(
                     cluster=self.request.cluster,
                     node=self.request.node,
                     episode=self.request.episode or info.first_execution_run_id,
                     record=not quiet,
                 ),
-                result_type=Assessment,
                 start_to_close_timeout=timedelta(minutes=2),
                 retry_policy=ACTIVITY_RETRY,
             )
@@ -316,10 +289,9 @@ class NodeQuarantineWorkflow:
     async def _check(self) -> NodeHealthReport:
         self._set("checking", "running the health check on the node")
         try:
-            report: NodeHealthReport = await workflow.execute_activity(
-                "quarantine_check_health",
+            report = await workflow.execute_activity_method(
+                QuarantineActivities.check_health,
                 HealthCheckRequest(node=self.request.node, ecc_baseline=self.baseline or {}),
-                result_type=NodeHealthReport,
                 # The probe gives up after agent_health_timeout (at most 9m): a report,
                 # not a timeout, says the agent did not answer.
                 start_to_close_timeout=timedelta(minutes=10),
@@ -432,10 +404,9 @@ class NodeQuarantineWorkflow:
         return True
 
     async def _resume(self) -> QuarantineStatus:
-        self.resume_result = await workflow.execute_activity(
-            "quarantine_resume_node",
+        self.resume_result = await workflow.execute_activity_method(
+            QuarantineActivities.resume_node,
             ResumeRequest(node=self.request.node),
-            result_type=EffectResult,
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=ACTIVITY_RETRY,
         )

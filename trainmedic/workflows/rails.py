@@ -73,8 +73,8 @@ def grant_isolation(
 ) -> IsolationGrant:
     """Record and grant one node's isolation, or refuse it (breaker_tripped=True).
 
-    The ledger holds the distinct nodes trainmedic holds out now (DESIGN.md "Already
-    true comes first"): several incidents about one node reserve it once, and a node
+    The ledger holds the distinct nodes trainmedic holds out now (docs/architecture.md
+    "Modes and safety rails"): several incidents about one node reserve it once, and a node
     released in Slurm no longer counts. The drain *rate* is a separate ledger. Idempotent
     per node: a retried or second reservation of a held node gets a grant.
     """

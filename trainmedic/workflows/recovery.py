@@ -17,22 +17,23 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from trainmedic.activities.attribution import AttributionActivities
+    from trainmedic.activities.control import ControlActivities
+    from trainmedic.activities.notify import NotifyActivities
+    from trainmedic.activities.slurm import SlurmActivities
+    from trainmedic.activities.telemetry import TelemetryActivities
     from trainmedic.config import Policy
     from trainmedic.domain.activity_io import (
         ApplyEffectRequest,
-        ConsistencyReport,
         ConsistencyRequest,
         ControlRef,
-        EffectOutcome,
         Gathered,
         GatherRequest,
         ReserveIsolation,
         ReserveRestart,
         VerifyRequest,
-        VerifyResult,
     )
     from trainmedic.domain.control import (
-        ControlState,
         IsolationGrant,
         IsolationRequest,
         RestartGrant,
@@ -66,20 +67,21 @@ with workflow.unsafe.imports_passed_through():
     )
     from trainmedic.workflows.planning import cause_key, plan_effects, running_job_untouched
 
-READ_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=10,
-)
+
+def _backoff(attempts: int, longest_s: float, first_s: float = 1.0) -> RetryPolicy:
+    """Retries whose waits double from `first_s` up to `longest_s`, `attempts` in all."""
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=first_s),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=longest_s),
+        maximum_attempts=attempts,
+    )
+
+
+READ_RETRY = _backoff(10, longest_s=30)
 # Effects retry less: each attempt re-reads the world first, so a retry after a lost
 # reply is safe, but an effect that keeps failing should reach a person soon.
-EFFECT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=5,
-)
+EFFECT_RETRY = _backoff(5, longest_s=10)
 DECIDED = {
     EffectStatus.APPROVED,
     EffectStatus.REJECTED,
@@ -87,22 +89,12 @@ DECIDED = {
 }
 # A notification must never hold recovery up: it runs beside the effects, and gives up
 # after a few minutes of a receiver that does not answer.
-NOTIFY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60),
-    maximum_attempts=6,
-)
+NOTIFY_RETRY = _backoff(6, longest_s=60, first_s=2)
 NOTIFY_PATCH = "notify-webhook"
 # The incident's figures (metrics) are recorded by an activity at its end: a few quick
 # tries, and a failure is logged, never the incident's.
 RECORD_OUTCOME_PATCH = "record-outcome"
-RECORD_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=5),
-    maximum_attempts=3,
-)
+RECORD_RETRY = _backoff(3, longest_s=5)
 FINAL = {
     EffectStatus.WOULD_APPLY,
     EffectStatus.REJECTED,
@@ -119,7 +111,7 @@ STORM_SUBJECT = "storm"
 
 
 def incident_workflow_id(cluster: str, subject: str, n: int) -> str:
-    """DESIGN.md: incident-<cluster>-<job or node>-<n>."""
+    """docs/architecture.md "Incident identity": incident-<cluster>-<job or node>-<n>."""
     return f"incident-{cluster}-{subject}-{n}"
 
 
@@ -283,15 +275,14 @@ class RecoveryWorkflow:
         """Start the record_outcome activity (metrics), beside the notifications."""
         if not workflow.patched(RECORD_OUTCOME_PATCH):
             return None  # a history from before telemetry: replay it as it ran
-        return workflow.start_activity(
-            "record_outcome",
+        return workflow.start_activity_method(
+            TelemetryActivities.record_outcome,
             OutcomeRecord(
                 cluster=self.request.cluster,
                 mode=self.mode,
                 result=result,
                 breaker_tripped=self.breaker_tripped,
             ),
-            result_type=OutcomeRecorded,
             start_to_close_timeout=timedelta(seconds=10),
             retry_policy=RECORD_RETRY,
         )
@@ -324,10 +315,9 @@ class RecoveryWorkflow:
             at=workflow.now(),
         )
         self.notifications.append(
-            workflow.start_activity(
-                "notify",
+            workflow.start_activity_method(
+                NotifyActivities.notify,
                 notification,
-                result_type=NotifyResult,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=NOTIFY_RETRY,
             )
@@ -340,10 +330,9 @@ class RecoveryWorkflow:
                 workflow.logger.warning("a notification was not delivered: %s", outcome)
 
     async def _recover(self, request: IncidentInput) -> IncidentResult:
-        control = await workflow.execute_activity(
-            "control_snapshot",
+        control = await workflow.execute_activity_method(
+            ControlActivities.control_snapshot,
             ControlRef(cluster=request.cluster),
-            result_type=ControlState,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=READ_RETRY,
         )
@@ -354,23 +343,21 @@ class RecoveryWorkflow:
         if control.policy.detect.settle > timedelta(0):
             await workflow.sleep(control.policy.detect.settle)
 
-        gathered = await workflow.execute_activity(
-            "gather_evidence",
+        gathered = await workflow.execute_activity_method(
+            SlurmActivities.gather_evidence,
             GatherRequest(
                 incident_id=workflow.info().workflow_id,
                 job_id=request.job_id,
                 nodes=sorted({*request.nodes, *(n for s in self.signals for n in s.nodes)}),
             ),
-            result_type=Gathered,
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=READ_RETRY,
         )
 
         self._set_stage(Stage.ATTRIBUTE, "attributing the failure")
-        self.diagnosis = await workflow.execute_activity(
-            "attribute",
+        self.diagnosis = await workflow.execute_activity_method(
+            AttributionActivities.attribute,
             self._attribution_request(request, gathered),
-            result_type=Diagnosis,
             start_to_close_timeout=timedelta(minutes=5),
             heartbeat_timeout=timedelta(seconds=60),
             retry_policy=READ_RETRY,
@@ -460,6 +447,11 @@ class RecoveryWorkflow:
             job_id=request.job_id,
             nodelist=nodelist,
             tasks_per_node=job.tasks_per_node if job else None,
+            # NCCL peers and Ray name a node by its IP: Slurm's NodeAddr turns it back
+            # into the node (an address equal to the name adds nothing).
+            node_addrs={
+                n.address: n.name for n in gathered.nodes if n.address and n.address != n.name
+            },
             log_paths=gathered.log_paths,
             log_from={p: at for p, at in log_from.items() if p in gathered.log_paths},
             evidence=[e for s in self.signals for e in s.evidence],
@@ -528,18 +520,17 @@ class RecoveryWorkflow:
         incident_id = workflow.info().workflow_id
         grant: IsolationGrant | RestartGrant
         if effect.kind is EffectKind.DRAIN_NODE and effect.node:
-            grant = await workflow.execute_activity(
-                "reserve_isolation",
+            grant = await workflow.execute_activity_method(
+                ControlActivities.reserve_isolation,
                 self._isolation(effect, effect.node, cluster, gathered),
-                result_type=IsolationGrant,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=READ_RETRY,
             )
         elif (
             effect.kind in (EffectKind.REQUEUE_JOB, EffectKind.REQUEUE_EXCLUDING) and effect.job_id
         ):
-            grant = await workflow.execute_activity(
-                "reserve_restart",
+            grant = await workflow.execute_activity_method(
+                ControlActivities.reserve_restart,
                 ReserveRestart(
                     cluster=cluster,
                     request=RestartRequest(
@@ -549,7 +540,6 @@ class RecoveryWorkflow:
                         progress=self._progress(),
                     ),
                 ),
-                result_type=RestartGrant,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=READ_RETRY,
             )
@@ -593,10 +583,9 @@ class RecoveryWorkflow:
             return
         if effect.status not in (EffectStatus.APPLIED, EffectStatus.ALREADY_TRUE):
             return
-        await workflow.execute_activity(
-            "confirm_isolation",
+        await workflow.execute_activity_method(
+            ControlActivities.confirm_isolation,
             self._isolation(effect, effect.node, cluster, gathered),
-            result_type=bool,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=READ_RETRY,
         )
@@ -623,10 +612,9 @@ class RecoveryWorkflow:
         stage = Stage.ISOLATE if effect.kind is EffectKind.DRAIN_NODE else Stage.ACT
         self._set_stage(stage, f"applying: {effect.describe()}")
         try:
-            outcome = await workflow.execute_activity(
-                "apply_effect",
+            outcome = await workflow.execute_activity_method(
+                SlurmActivities.apply_effect,
                 ApplyEffectRequest(incident_id=workflow.info().workflow_id, effect=effect),
-                result_type=EffectOutcome,
                 start_to_close_timeout=timedelta(minutes=2),
                 retry_policy=EFFECT_RETRY,
             )
@@ -706,8 +694,8 @@ class RecoveryWorkflow:
     async def _verify(self, job_id: str, diagnosis: Diagnosis) -> IncidentResult:
         policy = self.policy or Policy()
         self._set_stage(Stage.VERIFY, f"waiting for job {job_id} to run again")
-        result = await workflow.execute_activity(
-            "verify_job",
+        result = await workflow.execute_activity_method(
+            SlurmActivities.verify_job,
             VerifyRequest(
                 incident_id=workflow.info().workflow_id,
                 job_id=job_id,
@@ -715,7 +703,6 @@ class RecoveryWorkflow:
                 timeout_s=policy.verify.timeout.total_seconds(),
                 poll_s=policy.verify.poll_interval.total_seconds(),
             ),
-            result_type=VerifyResult,
             start_to_close_timeout=policy.verify.timeout + timedelta(seconds=60),
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=READ_RETRY,
@@ -787,14 +774,13 @@ class RecoveryWorkflow:
             if effect.status not in FINAL:
                 effect.status = EffectStatus.SKIPPED
                 effect.note = "incident cancelled before this effect"
-        report = await workflow.execute_activity(
-            "check_consistency",
+        report = await workflow.execute_activity_method(
+            SlurmActivities.check_consistency,
             ConsistencyRequest(
                 incident_id=workflow.info().workflow_id,
                 job_id=request.job_id,
                 nodes=sorted({*request.nodes, *(e.node for e in self.effects if e.node)}),
             ),
-            result_type=ConsistencyReport,
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=READ_RETRY,
         )
