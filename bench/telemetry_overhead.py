@@ -37,30 +37,20 @@ import argparse
 import asyncio
 import json
 import logging
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import (  # noqa: E402
-    exit_code,
-    pct,
-    say,
-    sigterm_as_interrupt,
-    wait_lab_idle,
-)
+from _common import pct, run_on_lab, say, wait_lab_idle, xid79  # noqa: E402
 from opentelemetry.metrics import NoOpMeter  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
@@ -68,13 +58,11 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.opentelemetry import TracingInterceptor  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
-from trainmedic import procs  # noqa: E402
 from trainmedic.activities.control import ensure_control  # noqa: E402
 from trainmedic.activities.telemetry import TelemetryActivities  # noqa: E402
 from trainmedic.config import Settings, parse_policy  # noqa: E402
-from trainmedic.domain import Evidence, EvidenceSource  # noqa: E402
-from trainmedic.domain.incident import EffectStatus, IncidentInput, IncidentSignal  # noqa: E402
-from trainmedic.lab import Lab, find_free_port_base  # noqa: E402
+from trainmedic.domain.incident import EffectStatus, IncidentInput  # noqa: E402
+from trainmedic.lab import Lab  # noqa: E402
 from trainmedic.lab.workload import lab_nodes  # noqa: E402
 from trainmedic.telemetry import Telemetry, setup_telemetry  # noqa: E402
 from trainmedic.temporal.client import open_client  # noqa: E402
@@ -109,24 +97,6 @@ class CountingExporter(SpanExporter):
 
     def shutdown(self) -> None:
         pass
-
-
-def xid79(node: str) -> IncidentSignal:
-    return IncidentSignal(
-        source="nvml",
-        kind="xid",
-        nodes=[node],
-        detail="Xid 79 on GPU 0",
-        evidence=[
-            Evidence(
-                source=EvidenceSource.KERNEL,
-                node=node,
-                gpu=0,
-                text="NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, "
-                "GPU has fallen off the bus.",
-            )
-        ],
-    )
 
 
 def span_cost_us(tracer: Any, k: int = 5000) -> float:
@@ -164,13 +134,13 @@ class Side:
             if getattr(a, "__name__", "") != "record_outcome"
         ]
         activities.append(TelemetryActivities(meter).record_outcome)
-        # As build_worker builds it (the interceptors, if any, come from the client).
+        # As build_worker builds it (the interceptors, if any, come from the client; every
+        # activity is async, so no executor).
         self.worker = Worker(
             client,
             task_queue=settings.temporal_task_queue,
             workflows=list(WORKFLOWS),
             activities=activities,
-            activity_executor=ThreadPoolExecutor(max_workers=8),
         )
         self.act_s: list[float] = []
 
@@ -277,15 +247,6 @@ async def bench(server: DevServer, lab: Lab, state: Path, n: int, progress: Prog
         telemetry.shutdown()
 
 
-def run_bench(server: DevServer, lab: Lab, state: Path, n: int, progress: Progress) -> None:
-    try:
-        asyncio.run(bench(server, lab, state, n, progress))
-    except BaseException as error:
-        progress.error = progress.error or error
-    finally:
-        progress.finished.set()
-
-
 def summary(progress: Progress, n: int, quick: bool, wall_s: float) -> dict[str, Any]:
     on, off = progress.sides["on"], progress.sides["off"]
     on_p50, off_p50 = statistics.median(on), statistics.median(off)
@@ -328,46 +289,19 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=None, help="incidents per side (20; quick 6)")
     args = parser.parse_args()
     n = args.n or (6 if args.quick else 20)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Its one warning (no site key for node agents' health answers) is not about this.
     logging.getLogger("trainmedic.workers.controller").setLevel(logging.ERROR)
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
-
-    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
-    server = DevServer(tmp / "temporal", port=procs.free_port(), ui_port=procs.free_port())
-    lab = Lab(tmp / "lab", port_base=find_free_port_base(LAB_NODES + 2))
     progress = Progress()
-    runner = threading.Thread(
-        target=run_bench, args=(server, lab, tmp / "state", n, progress), daemon=True
+    lab_run = run_on_lab(
+        lambda server, lab, state: bench(server, lab, state, n, progress),
+        progress,
+        f"{n} incidents per side, tracing + metrics on vs off, alternating",
+        nodes=LAB_NODES,
     )
-    began = time.monotonic()
-    try:
-        say(f"starting a Temporal dev server on {server.address} and a {LAB_NODES}-node lab")
-        server.start(timeout_s=90)
-        lab.up(nodes=LAB_NODES, gpus=8)
-        say(
-            f"ready after {time.monotonic() - began:.1f} s; {n} incidents per side, "
-            "tracing + metrics on vs off, alternating"
-        )
-        runner.start()
-        while not progress.finished.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        say("interrupted; cleaning up")
-        code = 130
-    else:
-        code = 1 if progress.error else 0
-    finally:
-        lab.down()
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    if runner.is_alive():
-        runner.join(10)
-    if progress.error is not None and code != 130:
-        say(f"failed: {progress.error!r}")
-    if code != 0 or not progress.sides["off"]:
-        return exit_code(code or 1, runner)
-    figures = summary(progress, n, args.quick, time.monotonic() - began)
+    failed = lab_run.failure(progress, progress.sides["off"])
+    if failed is not None:
+        return failed
+    figures = summary(progress, n, args.quick, lab_run.wall_s())
     say(
         f"action latency p50: on {figures['action_on_p50_s']:.3f} s, off "
         f"{figures['action_off_p50_s']:.3f} s; overhead (paired) "
@@ -379,7 +313,7 @@ def main() -> int:
         f"{figures['incidents_on_endpoint']} incidents on the endpoint"
     )
     print(json.dumps(figures), flush=True)
-    return exit_code(0, runner)
+    return lab_run.exit()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from trainmedic.config import Settings
 from trainmedic.domain.control import ControlState
 from trainmedic.domain.incident import IncidentResult
 from trainmedic.lab import Lab, faults
-from trainmedic.lab.workload import kernel_log, lab_nodes, nvml_state
+from trainmedic.lab.agents import in_process_agents
 from trainmedic.workers.controller import slurm_backend
 from trainmedic.workers.detection import Detection, build_detection
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
@@ -64,15 +64,13 @@ async def controller_for(
     cluster = unique_cluster(prefix)
     settings = settings.model_copy(update={"cluster": cluster})
     await start_control(client, cluster, policy)
-    nodes = lab_nodes(lab)
     built = build_detection(
         client,
         settings,
         slurm_backend(settings),
         interval=1.0,
         hang_after=timedelta(minutes=5),
-        agents=[(n, kernel_log(lab, n)) for n in nodes],
-        nvml_states={n: nvml_state(lab, n) for n in nodes},
+        agents=in_process_agents(lab),
         # Quarantines would resume drained nodes in the middle of later tests.
         quarantine_cooldown=timedelta(hours=1),
     )

@@ -26,14 +26,12 @@ from trainmedic.config import Settings
 from trainmedic.domain import Action, Category, Outcome
 from trainmedic.domain.incident import IncidentResult
 from trainmedic.lab import Lab
+from trainmedic.lab.agents import in_process_agents
 from trainmedic.lab.workload import (
     TrainingSpec,
     checkpoint_dir,
     inject,
     job_output,
-    kernel_log,
-    lab_nodes,
-    nvml_state,
     prepare_nodes,
     reset_nodes,
     submit_training,
@@ -59,7 +57,6 @@ async def detection(
     settings = controller_settings.model_copy(update={"cluster": CLUSTER})
     await start_control(temporal_client, CLUSTER, POLICY)
     prepare_nodes(slurm_lab)
-    nodes = lab_nodes(slurm_lab)
     built = build_detection(
         temporal_client,
         settings,
@@ -68,8 +65,7 @@ async def detection(
         # Above the lab's time to flag a dead node NOT_RESPONDING (~7 s): a silent node
         # death must read as node_down, not as the hang its ranks also show.
         hang_after=timedelta(seconds=10),
-        agents=[(n, kernel_log(slurm_lab, n)) for n in nodes],
-        nvml_states={n: nvml_state(slurm_lab, n) for n in nodes},
+        agents=in_process_agents(slurm_lab),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(built.run(stop))

@@ -45,8 +45,9 @@ from trainmedic.adapters.slurm import LocalRunner, SlurmCli
 from trainmedic.config import Policy
 from trainmedic.domain import Outcome
 from trainmedic.domain.incident import IncidentSignal
-from trainmedic.health.probe import HttpNodeHealthProbe, LabNodeHealthProbe, NodeHealthProbe
+from trainmedic.health.probe import HttpNodeHealthProbe, NodeHealthProbe
 from trainmedic.lab import Lab, faults
+from trainmedic.lab.agents import LabNodeHealthProbe
 from trainmedic.lab.workload import nvml_state, prepare_nodes
 from trainmedic.temporal.devserver import DevServer
 from trainmedic.watchers.router import IncidentRouter

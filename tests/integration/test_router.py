@@ -27,8 +27,8 @@ from trainmedic.activities.quarantine import QuarantineActivities
 from trainmedic.adapters.slurm import LocalRunner, SlurmCli
 from trainmedic.config import Policy, Settings
 from trainmedic.domain.incident import IncidentSignal
-from trainmedic.health.probe import LabNodeHealthProbe
 from trainmedic.lab import Lab, faults
+from trainmedic.lab.agents import LabNodeHealthProbe
 from trainmedic.lab.workload import nvml_state, prepare_nodes
 from trainmedic.watchers.router import IncidentRouter, build_slurm_detection
 from trainmedic.workflows.quarantine import NodeQuarantineWorkflow, ReleasePayload

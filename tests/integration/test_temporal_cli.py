@@ -1,4 +1,4 @@
-"""The plain `temporal` CLI can start and cancel incidents (DESIGN.md contracts)."""
+"""The plain `temporal` CLI can start and cancel incidents (docs/architecture.md "Contracts")."""
 
 from __future__ import annotations
 

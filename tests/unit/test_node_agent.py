@@ -12,7 +12,7 @@ from trainmedic.catalog import Matcher, load_catalog
 from trainmedic.domain.enums import EvidenceSource
 from trainmedic.lab import faults
 from trainmedic.watchers.base import ListSink
-from trainmedic.watchers.node import MAX_LINE, FileTail, NodeAgent, pci_key, render_kmsg
+from trainmedic.watchers.node import MAX_LINE, KernelLogTail, NodeAgent, pci_key, render_kmsg
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def _append(path: Path, text: str | bytes) -> None:
 def test_tail_starts_at_end_and_keeps_partial_lines(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("old 1\nold 2\n")
-    tail = FileTail(log)
+    tail = KernelLogTail(log)
     assert tail.poll() == []
     _append(log, "new 1\nhalf")
     got = tail.poll()
@@ -41,7 +41,7 @@ def test_tail_starts_at_end_and_keeps_partial_lines(tmp_path: Path) -> None:
 def test_tail_follows_rotation_and_truncation(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
-    tail = FileTail(log)
+    tail = KernelLogTail(log)
     _append(log, "before rotation\n")
     os.rename(log, tmp_path / "kern.log.1")
     _append(tmp_path / "kern.log.1", "late line in old file\n")
@@ -56,7 +56,7 @@ def test_tail_follows_rotation_and_truncation(tmp_path: Path) -> None:
 def test_tail_cuts_huge_lines_and_replaces_bad_utf8(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
-    tail = FileTail(log)
+    tail = KernelLogTail(log)
     _append(log, b"A" * (MAX_LINE * 3) + b"\nbad \xff byte\n")
     got = [x.text for x in tail.poll()]
     assert len(got) == 2 and len(got[0]) == MAX_LINE
@@ -66,7 +66,7 @@ def test_tail_cuts_huge_lines_and_replaces_bad_utf8(tmp_path: Path) -> None:
 
 def test_tail_of_missing_file_reads_it_whole_once_it_appears(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
-    tail = FileTail(log)
+    tail = KernelLogTail(log)
     assert tail.poll() == []
     log.write_text("hello\n")
     assert [x.text for x in tail.poll()] == ["hello"]
@@ -237,3 +237,17 @@ def test_agent_process_spools_signals_and_stops_on_sigterm(tmp_path: Path) -> No
         proc.send_signal(signals.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+def test_kernel_tail_of_a_line_cut_across_polls_gives_its_head_once(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    tail = KernelLogTail(log)
+    _append(log, b"B" * (MAX_LINE * 2))  # no newline yet: handed out cut, once
+    [cut] = tail.poll()
+    assert cut.text == "B" * MAX_LINE and cut.line_no == 1
+    _append(log, b"B" * MAX_LINE)
+    assert tail.poll() == []
+    _append(log, b"BBB\nnext\n")
+    assert [(x.text, x.line_no) for x in tail.poll()] == [("next", 2)]
+    tail.close()

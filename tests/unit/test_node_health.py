@@ -31,13 +31,13 @@ from trainmedic.health import (
     HealthEndpoint,
     HttpNodeHealthProbe,
     HttpReply,
-    LabNodeHealthProbe,
     NodeHealthChecker,
     serve_health,
 )
 from trainmedic.health.checks import parse_dcgm_diag
 from trainmedic.health.wire import WireError, decode_request, encode_request
 from trainmedic.lab import faults
+from trainmedic.lab.agents import LabNodeHealthProbe
 
 KEY = b"k" * 32  # the site key: the controller's
 NODE_KEY = node_key(KEY, "gpu01")  # gpu01's agent holds only its own

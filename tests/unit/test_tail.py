@@ -163,3 +163,21 @@ def test_big_existing_file_starts_near_its_end(tmp_path: Path) -> None:
     assert got[-1][1] == b"history line 099999"
     assert got[0][1].startswith(b"history line ")  # no half line at the cut
     assert all(not b.line_known for b in blocks)
+
+
+def test_from_end_starts_after_what_is_there_with_true_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "kern.log"
+    path.write_bytes(b"old 1\nold 2\nhalf a li")
+    tail = FileTail(str(path), from_end=True)
+    assert tail.poll(1 << 20) == []  # the first poll only takes the position
+    _append(path, b"ne\nnew 4\n")
+    # The unfinished line was there before: its rest is skipped, the next one is line 4.
+    assert _lines(tail.poll(1 << 20)) == [(4, b"new 4")]
+
+
+def test_from_end_reads_a_file_that_appears_later_from_its_start(tmp_path: Path) -> None:
+    path = tmp_path / "kern.log"
+    tail = FileTail(str(path), from_end=True)
+    assert tail.poll(1 << 20) == []
+    path.write_bytes(b"first\n")
+    assert _lines(tail.poll(1 << 20)) == [(1, b"first")]

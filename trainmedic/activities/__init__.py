@@ -1,1 +1,1 @@
-"""Side effects, as classes whose constructors take adapters (DESIGN.md house style 2)."""
+"""Side effects, as classes whose constructors take adapters (docs/architecture.md "Layers")."""

@@ -28,14 +28,16 @@ DEFAULT_SCAN_TIMEOUT = timedelta(minutes=2)  # well inside the workflow's 5 min 
 _HEARTBEAT_EVERY = 5.0  # seconds; the workflow's heartbeat timeout is 60 s
 
 
-class Attributor(Protocol):
+class AttributionEngine(Protocol):
+    """What the activity runs: `trainmedic.catalog.Attributor`, or a test's stand-in."""
+
     def attribute(self, request: AttributionRequest) -> Diagnosis: ...
 
 
 class AttributionActivities:
     def __init__(
         self,
-        attributor: Attributor,
+        attributor: AttributionEngine,
         *,
         max_scan_bytes: int | None = DEFAULT_MAX_SCAN_BYTES,
         scan_timeout: timedelta = DEFAULT_SCAN_TIMEOUT,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmedic.catalog.engine import Attributor, attribute_paths
+from trainmedic.catalog.engine import Attributor
 from trainmedic.catalog.loader import Catalog, load_catalog
 from trainmedic.catalog.matcher import Matcher
 from trainmedic.catalog.model import CatalogError, Rule
@@ -22,7 +22,6 @@ __all__ = [
     "Matcher",
     "Rule",
     "Scanner",
-    "attribute_paths",
     "load_catalog",
 ]
 

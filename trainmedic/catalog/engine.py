@@ -1,6 +1,6 @@
 """The Attributor: evidence in, one Diagnosis out.
 
-Order of reasoning (DESIGN.md "Failure taxonomy"):
+Order of reasoning (docs/architecture.md "Failure taxonomy"):
 1. every line (logs of all ranks, kernel lines, NVML findings, Slurm state rendered as
    lines) is matched against the catalog and tagged with rank/node/GPU;
 2. root rules beat cascades; among roots the highest precedence wins (hardware over the
@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from trainmedic.catalog.correlation import LineContext, Topology, elastic_field, parse_line
 from trainmedic.catalog.loader import Catalog, load_catalog
@@ -52,7 +51,6 @@ _SOURCE_ORDER = {
     EvidenceSource.LOG: 3,
     EvidenceSource.OPERATOR: 4,
 }
-_DOWN_STATES = ("DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL")
 _ISOLATING = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
 _SAYS_WHERE = (Action.ESCALATE, Action.STOP)  # name the node, with no effect on it
 _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes
@@ -515,20 +513,3 @@ def _lagging_ranks(findings: list[Finding]) -> list[int]:
     if len(set(seqs.values())) < 2 or len(behind) * 2 >= len(seqs):
         return []
     return behind
-
-
-def attribute_paths(
-    attributor: Attributor,
-    paths: list[str | Path],
-    nodelist: list[str] | None = None,
-    tasks_per_node: int | None = None,
-    node_addrs: dict[str, str] | None = None,
-) -> Diagnosis:
-    """Convenience for the CLI and tests: diagnose a set of log files."""
-    request = AttributionRequest(
-        nodelist=list(nodelist or []),
-        tasks_per_node=tasks_per_node,
-        node_addrs=dict(node_addrs or {}),
-        log_paths=[str(p) for p in paths],
-    )
-    return attributor.attribute(request)

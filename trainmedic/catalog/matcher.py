@@ -2,25 +2,25 @@
 
 The prefilter is one bytes regex of every rule's trigger literals; only lines that
 contain a trigger are decoded and run through the per-rule regexes. It is compiled
-with RE2 when the `re2` module (google-re2) is importable: RE2 runs a literal
-alternation as one DFA pass, ~30x faster than `re`, which tries the alternatives at
-every byte (bench/scan_speed.py). Without it the prefilter falls back to `re` over a
-trie-factored alternation, with the same matches.
+with RE2 (google-re2, a required dependency): RE2 runs a literal alternation as one
+DFA pass, ~30x faster than `re`, which tries the alternatives at every byte
+(bench/scan_speed.py). `use_re2=False` builds the same prefilter with `re` over a
+trie-factored alternation, with the same matches: the tests' cross-check and the
+bench's baseline.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import re2
+
 from trainmedic.catalog.loader import XID_REGEX, Catalog
 from trainmedic.catalog.model import Rule
 from trainmedic.domain import Role
-
-log = logging.getLogger(__name__)
 
 # RE2 memory for the prefilter's lazily built DFA. When the state cache fills RE2
 # flushes it and goes on, so this bounds memory; 8 MiB (RE2's default) already holds
@@ -121,19 +121,13 @@ def literal_alternation(cs_triggers: Iterable[str], ci_triggers: Iterable[str]) 
 def compile_prefilter(
     cs_triggers: Iterable[str], ci_triggers: Iterable[str], *, use_re2: bool = True
 ) -> Prefilter:
-    """The trigger prefilter: RE2 when available, else `re` over a trie."""
+    """The trigger prefilter: RE2, or `re` over a trie when asked (`use_re2=False`)."""
     cs, ci = set(cs_triggers), set(ci_triggers)
-    if use_re2:
-        try:
-            import re2
-        except ImportError:
-            log.warning("google-re2 is not installed: log scanning uses the slower re prefilter")
-        else:
-            if cs or ci:  # RE2 has no (?!): an empty catalog falls through to re
-                options = re2.Options()
-                options.max_mem = _RE2_MAX_MEM
-                prefilter: Prefilter = re2.compile(literal_alternation(cs, ci), options)
-                return prefilter
+    if use_re2 and (cs or ci):  # RE2 has no (?!): an empty catalog falls through to re
+        options = re2.Options()
+        options.max_mem = _RE2_MAX_MEM
+        prefilter: Prefilter = re2.compile(literal_alternation(cs, ci), options)
+        return prefilter
     # Case-insensitive triggers become their usual spellings so the prefilter stays
     # one case-sensitive pattern (an inline (?i:) group defeats re's optimisations).
     literals = set(cs)
@@ -197,8 +191,6 @@ class Matcher:
         self._trigger_set: Any = None
         self._set_index = self._cs_index + self._ci_index
         if type(self.prefilter).__module__.startswith("re2"):
-            import re2
-
             options = re2.Options()
             options.max_mem = _RE2_MAX_MEM
             trigger_set = re2.Set.SearchSet(options)

@@ -1,4 +1,4 @@
-"""The product's vocabulary (DESIGN.md "Failure taxonomy"). Values are contracts."""
+"""The product's vocabulary (docs/architecture.md "Failure taxonomy"). Values are contracts."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 
 class NotifyEvent(StrEnum):
-    """The moments a person may need to hear about (DESIGN.md: operators' surfaces)."""
+    """The moments a person may need to hear about (docs/architecture.md "Data flow")."""
 
     APPROVAL_NEEDED = "approval_needed"
     EFFECT_APPLIED = "effect_applied"

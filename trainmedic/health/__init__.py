@@ -6,7 +6,6 @@ from trainmedic.health.checks import HealthConfig, NodeHealthChecker
 from trainmedic.health.probe import (
     AgentUnreachable,
     HttpNodeHealthProbe,
-    LabNodeHealthProbe,
     NodeHealthProbe,
 )
 
@@ -16,7 +15,6 @@ __all__ = [
     "HealthEndpoint",
     "HttpNodeHealthProbe",
     "HttpReply",
-    "LabNodeHealthProbe",
     "NodeHealthChecker",
     "NodeHealthProbe",
     "build_health_endpoint",

@@ -3,8 +3,9 @@
 - `HttpNodeHealthProbe`: the node agent's `GET /health` (signed both ways with the
   site key). A node whose agent does not answer, or answers unsigned, raises
   `AgentUnreachable`: the quarantine keeps it out (never back on Slurm's word alone).
-- `LabNodeHealthProbe`: the same checks, run in the controller against the lab node's
-  FakeNvml (`<lab>/nodes/<node>/nvml.json`), so `trainmedic lab inject` breaks them.
+
+The lab's probe (the same checks in the controller, over a lab node's fake GPUs) is the
+lab's own: `trainmedic.lab.agents.LabNodeHealthProbe`.
 """
 
 from __future__ import annotations
@@ -12,16 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote, urlsplit
 
-from trainmedic.adapters.nvml.fake import FakeNvml
 from trainmedic.channel.wire import node_key
 from trainmedic.domain.health import SIGNATURE_HEADER, NodeHealthReport, NodeHealthRequest
 from trainmedic.errors import TrainmedicError
-from trainmedic.health.checks import HealthConfig, NodeHealthChecker
 from trainmedic.health.wire import WireError, encode_request, verify_response
 
 MAX_RESPONSE_BYTES = 1024 * 1024
@@ -149,22 +146,3 @@ def _dechunk(data: bytes) -> bytes:
         out += rest[:size]
         data = rest[size + 2 :]
     return out
-
-
-class LabNodeHealthProbe:
-    """The lab's stand-in for a node agent: the same checks, in this process, over the
-    node's FakeNvml file (the lab's fault injection breaks it; clearing it heals it).
-    No dcgmi in the lab: there is nothing real to diagnose."""
-
-    def __init__(
-        self, nvml_file: Callable[[str], Path], config: HealthConfig | None = None
-    ) -> None:
-        self._nvml_file = nvml_file
-        self._config = config or HealthConfig()
-
-    async def check(self, request: NodeHealthRequest) -> NodeHealthReport:
-        path = self._nvml_file(request.node)
-        if not path.exists():
-            raise AgentUnreachable(f"lab node {request.node} has no agent state ({path})")
-        checker = NodeHealthChecker(request.node, FakeNvml.from_file(path), self._config)
-        return await checker.check(request.model_copy(update={"diag": False}), source="lab")

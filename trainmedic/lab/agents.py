@@ -9,6 +9,11 @@ fallback spool in `<root>/nodes/<node>/agent-spool`. An agent is part of its nod
 How each was started is kept in `<root>/nodes/<node>/agent.json`, so a restart (the
 lab's `systemctl restart`) brings back the same agent. Pids are checked against their
 command line before any signal, like every other lab process.
+
+Also the lab's wiring of its fakes into the controller (`workers.controller` imports
+this module only when it runs against a lab): node agents inside the controller over
+the nodes' fake GPUs (`in_process_agents`), and the quarantine's health probe over the
+same fake GPUs (`LabNodeHealthProbe`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainmedic import procs
+from trainmedic.adapters.nvml.fake import FakeNvml
 from trainmedic.channel.liveness import AgentProbe, AgentState, NodeProbe, TcpProbe
-from trainmedic.lab import procs
+from trainmedic.domain.health import NodeHealthReport, NodeHealthRequest
+from trainmedic.health.checks import HealthConfig, NodeHealthChecker
+from trainmedic.health.probe import AgentUnreachable
 from trainmedic.lab.faults import KERNEL_LOG, NVML_STATE, node_dir
 
 if TYPE_CHECKING:
     from trainmedic.lab.lab import Lab
+    from trainmedic.workers.detection import InProcessAgent
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +89,7 @@ def _pair(argv: list[str], flag: str, value: str) -> bool:
 
 def agent_pid(lab: Lab, node: str) -> int | None:
     """The node's running agent, if any (a zombie child of ours is reaped here)."""
-    pid = procs.read_pid_file(pid_file(lab, node))
+    pid = procs.read_pid(pid_file(lab, node))
     if pid is not None:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
@@ -174,7 +184,7 @@ def kill_agent(lab: Lab, node: str) -> list[int]:
         return []
     procs.send([pid], signal.SIGCONT)  # a stopped one too
     procs.send([pid], signal.SIGKILL)
-    procs.wait_gone([pid], 5.0)
+    procs.wait_exited([pid], 5.0)
     agent_pid(lab, node)  # reap
     return [pid]
 
@@ -183,7 +193,7 @@ def stop_agent(lab: Lab, node: str, grace: float = 5.0) -> None:
     pid = agent_pid(lab, node)
     if pid is not None:
         procs.send([pid], signal.SIGCONT)
-        procs.terminate([pid], grace)
+        procs.terminate_all([pid], grace)
         agent_pid(lab, node)
 
 
@@ -222,3 +232,56 @@ def lab_probes(lab: Lab, timeout: float = 1.0) -> list[NodeProbe]:
 def controller_address(host: str, port: int) -> str:
     """Where a lab agent reaches a receiver bound to `host:port`."""
     return f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+
+
+# -- the lab's fakes, wired into the controller -------------------------------------------
+
+
+class LabNodeHealthProbe:
+    """The lab's stand-in for a node agent's `GET /health`: the same checks, in this
+    process, over the node's fake GPUs (`FakeNvml` on `<root>/nodes/<node>/nvml.json`;
+    `trainmedic lab inject` breaks them, clearing the fault heals them). No dcgmi in
+    the lab: there is nothing real to diagnose."""
+
+    def __init__(
+        self, nvml_file: Callable[[str], Path], config: HealthConfig | None = None
+    ) -> None:
+        self._nvml_file = nvml_file
+        self._config = config or HealthConfig()
+
+    async def check(self, request: NodeHealthRequest) -> NodeHealthReport:
+        path = self._nvml_file(request.node)
+        if not path.exists():
+            raise AgentUnreachable(f"lab node {request.node} has no agent state ({path})")
+        checker = NodeHealthChecker(request.node, FakeNvml.from_file(path), self._config)
+        return await checker.check(request.model_copy(update={"diag": False}), source="lab")
+
+
+def lab_health_probe(lab: Lab) -> LabNodeHealthProbe:
+    """The quarantine's health check against the lab's nodes."""
+    return LabNodeHealthProbe(lambda node: node_dir(lab.root, node) / NVML_STATE)
+
+
+def fake_nvml(lab: Lab, node: str) -> FakeNvml:
+    """The node's fake GPUs (read from its nvml.json on every call)."""
+    return FakeNvml.from_file(node_dir(lab.root, node) / NVML_STATE)
+
+
+def prepare(lab: Lab) -> None:
+    """Every lab node's kern.log and healthy nvml.json, where missing."""
+    from trainmedic.lab.workload import prepare_nodes
+
+    prepare_nodes(lab)
+
+
+def in_process_agents(lab: Lab) -> list[InProcessAgent]:
+    """One node agent per lab node, to run inside the controller (no agent channel):
+    the node's kern.log and its fake GPUs."""
+    from trainmedic.lab.workload import lab_nodes
+    from trainmedic.workers.detection import InProcessAgent
+
+    prepare(lab)
+    return [
+        InProcessAgent(node, node_dir(lab.root, node) / KERNEL_LOG, fake_nvml(lab, node))
+        for node in lab_nodes(lab)
+    ]

@@ -1,4 +1,4 @@
-"""trainmedic's search attributes (DESIGN.md "Search attributes").
+"""trainmedic's search attributes (docs/architecture.md "Contracts").
 
 Registered by the dev server at start (`--search-attribute`) and, in production, by
 the operator (`temporal operator search-attribute create`). An unregistered attribute

@@ -6,7 +6,7 @@ against the catalog and reported when a root rule fires (Xid, ECC, OOM killer, N
 errors...); NVML is polled every few seconds and changes for the worse are reported.
 
 Kernel sources (all polled, never blocking the event loop for long):
-- `FileTail`: a log file (the lab's `<lab root>/nodes/<node>/kern.log`, or
+- `KernelLogTail`: a log file (the lab's `<lab root>/nodes/<node>/kern.log`, or
   /var/log/kern.log), followed from its end, across rotation and truncation;
 - `KmsgSource`: /dev/kmsg records, from the newest on;
 - `CommandSource`: a command's stdout, e.g. `journalctl -k -f -o short-monotonic`.
@@ -20,7 +20,6 @@ import errno
 import logging
 import os
 import re
-import stat
 import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,11 +40,13 @@ from trainmedic.domain.diagnosis import Evidence
 from trainmedic.domain.enums import EvidenceSource, Role
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.watchers.base import SignalSink
+from trainmedic.watchers.tail import Block, FileTail
 
 log = logging.getLogger(__name__)
 
 MAX_LINE = 16 * 1024  # longer kernel lines are cut: no real one is this long
 _READ_CHUNK = 256 * 1024
+_READ_BUDGET = 16 * 1024 * 1024  # bytes of kernel log read per poll; the rest comes next
 _MAX_EVIDENCE = 32
 
 
@@ -96,110 +97,45 @@ class _Lines:
         self._skipping = False
 
 
-class FileTail:
-    """Follows a file like `tail -F`: from the end at start (or the start, if asked),
-    reopening on rotation (a new inode at the path) and on truncation."""
+class KernelLogTail:
+    """A kernel log file followed like `tail -F` (`watchers.tail.FileTail` does the
+    following: rotation, truncation, partial lines, non-regular files refused), from its
+    end at start, or from its start if asked or if it appears later. Lines longer than
+    MAX_LINE are cut there."""
 
     def __init__(self, path: Path, *, from_start: bool = False) -> None:
         self.path = Path(path)
-        self._fd: int | None = None
-        self._ino: int | None = None
-        self._offset = 0
-        self._line_no = 0
-        self._lines = _Lines()
-        self._refused: str | None = None
-        self._open(at_end=not from_start)
-
-    def _refuse(self, why: str) -> None:
-        if why != self._refused:  # once per reason, not once per poll
-            log.warning("kernel log %s %s; not read", self.path, why)
-        self._refused = why
-
-    def _open(self, *, at_end: bool) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-        except FileNotFoundError:
-            return
-        except OSError as error:
-            self._refuse(f"cannot be opened: {error.strerror or error}")
-            return
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            # A FIFO or device would fail every pread (or never end): not a log file.
-            os.close(fd)
-            self._refuse(f"is not a regular file (mode {stat.S_IFMT(st.st_mode):o})")
-            return
-        self._refused = None
-        self._fd, self._ino = fd, st.st_ino
-        self._lines.reset()
-        if at_end:
-            self._offset = st.st_size
-            # Line numbers stay true to the file, for evidence people can look up.
-            self._line_no = _count_lines(fd, st.st_size)
-        else:
-            self._offset, self._line_no = 0, 0
-
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-        self._fd = None
+        self._tail = FileTail(str(self.path), max_line=MAX_LINE, from_end=not from_start)
+        self._in_long = False  # the rest of a line already cut at MAX_LINE is dropped
+        self._tail.poll(0)  # the position now: what is there already is not news
 
     def poll(self) -> list[KernelLine]:
         out: list[KernelLine] = []
-        if self._fd is None:
-            # Appeared after we started: everything in it is new.
-            self._open(at_end=False)
-            if self._fd is None:
-                return out
-        out.extend(self._drain())
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return out  # rotated away, new one not there yet: keep the old fd
-        if st.st_ino != self._ino:
-            out.extend(self._drain())  # the rest of the rotated file first
-            self._close_fd()
-            self._open(at_end=False)
-            out.extend(self._drain())
-        elif st.st_size < self._offset:
-            log.info("%s was truncated; reading it from the start", self.path)
-            self._close_fd()
-            self._open(at_end=False)
-            out.extend(self._drain())
+        for block in self._tail.poll(_READ_BUDGET):
+            if block.fragment:  # an over-long line, still without its end
+                if not self._in_long:
+                    out.append(self._line(block.data[:MAX_LINE], block, block.line_no))
+                self._in_long = True
+                continue
+            if not block.end:
+                continue  # an unfinished line: it comes again once its newline arrives
+            lines = block.data[: block.end - 1].split(b"\n")
+            if self._in_long:
+                lines = lines[1:]  # the tail of the line cut before
+                self._in_long = False
+                first = block.line_no + 1
+            else:
+                first = block.line_no
+            for number, raw in enumerate(lines, first):
+                out.append(self._line(raw[:MAX_LINE], block, number))
         return out
 
-    def _drain(self) -> list[KernelLine]:
-        if self._fd is None:
-            return []
-        out: list[KernelLine] = []
-        for _ in range(64):  # bounded per poll; the rest comes next time
-            try:
-                data = os.pread(self._fd, _READ_CHUNK, self._offset)
-            except OSError as error:
-                log.warning("reading %s: %s", self.path, error)
-                break
-            if not data:
-                break
-            self._offset += len(data)
-            for text in self._lines.feed(data):
-                self._line_no += 1
-                out.append(KernelLine(text, str(self.path), self._line_no))
-        return out
+    def _line(self, raw: bytes, block: Block, number: int) -> KernelLine:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        return KernelLine(text, str(self.path), number if block.line_known else None)
 
     def close(self) -> None:
-        self._close_fd()
-
-
-def _count_lines(fd: int, size: int) -> int:
-    count, offset = 0, 0
-    while offset < size:
-        chunk = os.pread(fd, min(_READ_CHUNK, size - offset), offset)
-        if not chunk:
-            break
-        count += chunk.count(b"\n")
-        offset += len(chunk)
-    return count
+        """Nothing to release: the tail holds no descriptor between polls."""
 
 
 # /dev/kmsg record: "<prio>,<seq>,<usec since boot>,<flags>[,...];<message>"
@@ -320,7 +256,9 @@ class NodeAgent:
     ) -> None:
         self.node = node
         self.sink = sink
-        self.kernel: KernelSource | None = FileTail(kernel) if isinstance(kernel, Path) else kernel
+        self.kernel: KernelSource | None = (
+            KernelLogTail(kernel) if isinstance(kernel, Path) else kernel
+        )
         self.nvml = nvml
         self.matcher = matcher or Matcher(load_catalog())
         self.kernel_interval = kernel_interval

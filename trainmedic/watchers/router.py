@@ -8,7 +8,7 @@ signal-with-start on it, so all reports of one failure land in one RecoveryWorkf
   run that failed, from the signal or else from the latest Slurm view). Reports of one
   run within `window` go to the incident opened for it; a signal that carries no run
   goes to the job's open incident. A failure of a *later* run is a new incident, however
-  soon it comes (DESIGN.md "Incident identity": the restart budget counts those);
+  soon it comes (docs/architecture.md "Incident identity": the restart budget counts those);
 - `log_match` (a catalog line in a job's own output) opens nothing by itself: real jobs
   print warnings by the hundred while they run fine, so a matched line is evidence for
   an incident of the same run that Slurm, the epilog, a hang or a node agent opened,
@@ -474,20 +474,3 @@ def local_runner(settings: Settings) -> CommandRunner:
         return ssh_runner(settings)
     env = {"SLURM_CONF": str(settings.slurm_conf)} if settings.slurm_conf else {}
     return LocalRunner(env=env, bin_dir=settings.slurm_bin_dir)
-
-
-async def run_slurm_detection(
-    client: StartsWorkflows,
-    settings: Settings,
-    backend: SlurmBackend,
-    stop: asyncio.Event,
-) -> None:
-    """What `trainmedic up` / `trainmedic worker` run beside the worker until `stop`."""
-    detection = build_slurm_detection(client, settings, backend, runner=local_runner(settings))
-    logger.info(
-        "slurm detection for %s: poll every %.1f s, spool %s",
-        settings.cluster,
-        detection.watcher.interval,
-        detection.spool.folder,
-    )
-    await detection.run(stop)

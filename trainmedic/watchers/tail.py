@@ -12,7 +12,8 @@ cycle. The tail survives what job output files go through:
   that is the same inode, then the new file from its start;
 - partial lines: kept until their newline arrives, bounded by `max_line`; a longer line
   is handed out in fragments (all with the line's number) and counted once;
-- a file that does not exist yet: polled again;
+- a file that does not exist yet: polled again (and read from its start once it
+  appears, even with `from_end`: everything in it is new);
 - a path that is not a regular file (a FIFO, /dev/zero, a socket; the job's owner
   chooses the path): never opened for reading, said once in `refused` and the log.
 
@@ -22,6 +23,10 @@ are followed: sites point job output at other file systems through them, and wha
 opened is what is checked. One poll reads at most `max_bytes`.
 
 Bytes are handed out raw; decoding (invalid UTF-8, NULs) is the reader's business.
+
+Job outputs are read from the start (their history is the job's), a kernel log from its
+end as of the first poll (`from_end`, with true line numbers: the node agent's
+`KernelLogTail`).
 """
 
 from __future__ import annotations
@@ -81,8 +86,11 @@ class FileTail:
         *,
         max_line: int = 32 << 10,
         catch_up_bytes: int = 4 << 20,
+        from_end: bool = False,
     ) -> None:
         self.path = path
+        # Start at the end of what the first poll finds (a kernel log's past is not news).
+        self.from_end = from_end
         self.max_line = max(max_line, 2 * _OVERLAP)
         self.catch_up_bytes = catch_up_bytes
         self.dev: int | None = None
@@ -126,6 +134,8 @@ class FileTail:
             st = self._stat()
         except FileNotFoundError:
             self.exists = False
+            if self.ino is None:
+                self.from_end = False  # appears later: everything in it is new
             return []
         except OSError as error:
             log.debug("cannot stat %s: %s", self.path, error)
@@ -166,6 +176,10 @@ class FileTail:
 
     def _attach(self, st: StatLike) -> None:
         self.dev, self.ino = st.st_dev, st.st_ino
+        if self.from_end:
+            self.from_end = False
+            if self._attach_at_end(st.st_size):
+                return
         resume, self._resume = self._resume, None
         if resume is not None and resume[0] <= st.st_size:
             # The previous run's lines are already read; the fingerprint check in
@@ -181,6 +195,36 @@ class FileTail:
             self.fingerprint = b""  # a jump, not a resumed position: nothing to compare
             self.line_known = False
             self.skip_to_newline = True
+
+    def _attach_at_end(self, size: int) -> bool:
+        """Start at `size`, counting the lines before it (so line numbers stay true to
+        the file, for evidence people look up); a last line without its newline yet is
+        skipped. False when the file cannot be read here (then: from the start)."""
+        try:
+            fd = os.open(self.path, _OPEN_FLAGS)
+        except OSError:
+            return False
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            newlines, offset, last = 0, 0, b"\n"
+            while offset < size:
+                chunk = os.pread(fd, min(1 << 20, size - offset), offset)
+                if not chunk:
+                    break
+                newlines += chunk.count(b"\n")
+                offset += len(chunk)
+                last = chunk[-1:]
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        self.offset = offset
+        self.skip_to_newline = last != b"\n"
+        # The skipped partial line is line newlines + 1: what follows it comes after.
+        self.line_no = newlines + (2 if self.skip_to_newline else 1)
+        self.mtime_ns = 0
+        return True
 
     def _restart(self, st: StatLike, why: str) -> None:
         log.info("log %s %s: following it from the start", self.path, why)

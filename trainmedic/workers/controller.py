@@ -1,4 +1,12 @@
-"""The controller worker: the only place that wires concrete adapters to activities."""
+"""The controller worker: the only place that wires concrete adapters to activities.
+
+Every activity is an `async def` (blocking work inside them goes to a thread of its own,
+e.g. the attribution scan), so the worker needs no activity executor.
+
+The lab (`trainmedic lab`, the demo) passes its `Lab`; its fakes (fake GPUs, in-process
+node agents, the lab's health probe) come from `trainmedic.lab.agents`, imported only
+then: nothing here imports a lab or fake type on a real cluster.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +14,13 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from trainmedic.activities.attribution import AttributionActivities, Attributor
+from trainmedic.activities.attribution import AttributionActivities, AttributionEngine
 from trainmedic.activities.control import ControlActivities, ControlOffenseLedger, ensure_control
 from trainmedic.activities.notify import NotifyActivities
 from trainmedic.activities.quarantine import QuarantineActivities
@@ -23,8 +30,7 @@ from trainmedic.adapters.slurm import SlurmBackend, SlurmCli
 from trainmedic.adapters.slurm.remote_logs import RemoteLogs
 from trainmedic.config import Policy, Settings
 from trainmedic.domain.control import SetPolicyRequest
-from trainmedic.health.probe import HttpNodeHealthProbe, LabNodeHealthProbe, NodeHealthProbe
-from trainmedic.lab import Lab
+from trainmedic.health.probe import HttpNodeHealthProbe, NodeHealthProbe
 from trainmedic.telemetry import is_tracing, setup_telemetry, tracing_interceptor
 from trainmedic.temporal.client import require_search_attributes
 from trainmedic.watchers.router import local_runner
@@ -33,6 +39,9 @@ from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
 from trainmedic.workflows.lease import LeaseWorkflow
 from trainmedic.workflows.quarantine import NodeQuarantineWorkflow
 from trainmedic.workflows.recovery import RecoveryWorkflow
+
+if TYPE_CHECKING:
+    from trainmedic.lab import Lab
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +66,7 @@ def slurm_backend(settings: Settings) -> SlurmBackend:
     return SlurmCli(local_runner(settings), timeout=settings.slurm_command_timeout.total_seconds())
 
 
-def default_attributor() -> Attributor:
+def default_attributor() -> AttributionEngine:
     from trainmedic.catalog import Attributor as CatalogAttributor
 
     return CatalogAttributor()
@@ -67,9 +76,9 @@ def health_probe(settings: Settings, lab: Lab | None) -> NodeHealthProbe:
     """Where the quarantine's health check runs: each node's agent (`GET /health`,
     answers signed with the site key); in the lab, the lab node's fake GPUs."""
     if lab is not None:
-        from trainmedic.lab.workload import nvml_state
+        from trainmedic.lab.agents import lab_health_probe
 
-        return LabNodeHealthProbe(lambda node: nvml_state(lab, node))
+        return lab_health_probe(lab)
     from trainmedic.watchers.spoolfile import load_key
 
     site = settings.agent_key_file or settings.spool_key_file
@@ -117,7 +126,7 @@ def build_activities(
     settings: Settings,
     policy: Policy,
     backend: SlurmBackend | None = None,
-    attributor: Attributor | None = None,
+    attributor: AttributionEngine | None = None,
     lab: Lab | None = None,
 ) -> list[Any]:
     backend = backend or slurm_backend(settings)
@@ -187,7 +196,7 @@ def build_worker(
     settings: Settings,
     policy: Policy,
     backend: SlurmBackend | None = None,
-    attributor: Attributor | None = None,
+    attributor: AttributionEngine | None = None,
     lab: Lab | None = None,
     *,
     tracing: bool = True,
@@ -201,7 +210,6 @@ def build_worker(
         task_queue=settings.temporal_task_queue,
         workflows=list(WORKFLOWS),
         activities=build_activities(client, settings, policy, backend, attributor, lab),
-        activity_executor=ThreadPoolExecutor(max_workers=8),
         interceptors=[tracing_interceptor()] if tracing and not traced else [],
     )
 
@@ -221,7 +229,7 @@ async def run_controller(
     Checks the namespace first, starts the worker (the policy sync below needs one to
     answer), then runs detection until `stop` is set.
     """
-    from trainmedic.workers.detection import build_detection
+    from trainmedic.workers.detection import InProcessAgent, build_detection
 
     await require_search_attributes(client)
     # Metrics endpoint and OTLP export, once per process (trainmedic.telemetry).
@@ -242,27 +250,19 @@ async def run_controller(
 
         async def watch(lost: asyncio.Event, took_over: bool) -> None:
             """Detection for one term of the lease: built fresh, stopped by `lost`."""
-            agents, nvml = [], {}
+            agents: list[InProcessAgent] = []
             probes = None
             if lab is not None:
                 from trainmedic.lab import agents as lab_agents
-                from trainmedic.lab.workload import kernel_log, lab_nodes, nvml_state, prepare_nodes
 
-                prepare_nodes(lab)
                 if settings.agent_channel:
                     # The lab's agents run as processes of their own and push over the channel.
+                    lab_agents.prepare(lab)
                     probes = lab_agents.lab_probes(lab)
                 else:
-                    agents = [(node, kernel_log(lab, node)) for node in lab_nodes(lab)]
-                    nvml = {node: nvml_state(lab, node) for node in lab_nodes(lab)}
+                    agents = lab_agents.in_process_agents(lab)
             detection = build_detection(
-                client,
-                settings,
-                backend,
-                agents=agents,
-                nvml_states=nvml,
-                hang_after=hang_after,
-                probes=probes,
+                client, settings, backend, agents=agents, hang_after=hang_after, probes=probes
             )
             if lab is not None and detection.receiver is not None:
                 receiver = detection.receiver
@@ -286,10 +286,3 @@ async def run_controller(
             ttl=settings.lease_ttl,
         )
         await lease.lead(stop, watch)
-
-
-async def run_worker(
-    client: Client, settings: Settings, policy: Policy, stop: asyncio.Event | None = None
-) -> None:
-    """The worker alone (no watchers) until `stop` is set."""
-    await run_controller(client, settings, policy, stop or asyncio.Event(), detect=False)

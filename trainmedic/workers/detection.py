@@ -1,14 +1,20 @@
 """Detection in the controller process: every watcher, wired to one incident router.
 
-    Slurm watcher (poll + diff) ─── HeldSignals ───┐
-    epilog / strigger spool (keeps its files) ─────┤
-    log watcher (job outputs; retries its own) ────┼──▶ IncidentRouter ──▶ RecoveryWorkflow
-    node agents (kernel, NVML) ── HeldSignals ──┐  │    (signal-with-start, one incident
-    node-agent signal spool ────────────────────┴─▶ NodeFanout    per job and run)
-                          (a node's signal -> one per job on it, plus its quarantine)
+    Slurm watcher (poll + diff) ─── HeldSignals ──────────┐
+    epilog / strigger spool (keeps its files) ────────────┤
+    log watcher (job outputs; retries its own) ───────────┼─▶ IncidentRouter ─▶ RecoveryWorkflow
+                                                          │   (signal-with-start: one incident
+    in-process node agents ─ HeldSignals ─┐               │    per job and run; a node's own
+    node-death detector ──── (the same) ──┤               │    signal: its quarantine)
+    node-agent signal spool ──────────────┼─▶ NodeFanout ─┘
+    agent channel (receiver) ─────────────┘   (a node's signal -> one per job on it,
+                                               plus the node's own)
 
-HeldSignals keeps, in order, what a watcher without a spool could not deliver while
-Temporal was unreachable; spools keep their files until the router has the report.
+Only the node sources go through NodeFanout (their signals name a node, not a job);
+the Slurm watcher, the epilog spool and the log watcher name their jobs and go to the
+router directly. HeldSignals keeps, in order, what a source without a spool could not
+deliver while Temporal was unreachable; spools keep their files until the router has
+the report; the agent channel answers 503 and the agent keeps the finding.
 
 Watchers only decide *that* something happened; the router decides which incident it
 belongs to; the workflow decides what it means.
@@ -23,11 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import cast
+from typing import NamedTuple, cast
 
 from pydantic import ValidationError
 from temporalio.client import Client
 
+from trainmedic.adapters.nvml.protocol import NvmlBackend
 from trainmedic.adapters.slurm import SlurmBackend, SlurmError
 from trainmedic.channel.liveness import (
     AgentProbe,
@@ -44,7 +51,7 @@ from trainmedic.domain.slurm import SlurmJob
 from trainmedic.errors import ConfigError
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.logs import LogWatchConfig, LogWatcher
-from trainmedic.watchers.node import NodeAgent
+from trainmedic.watchers.node import KernelSource, NodeAgent
 from trainmedic.watchers.remote_tail import RemoteFiles
 from trainmedic.watchers.router import (
     HeldSignals,
@@ -77,6 +84,15 @@ NODE_SOURCES = frozenset(
         EvidenceSource.AGENT_HEARTBEAT.value,
     }
 )
+
+
+class InProcessAgent(NamedTuple):
+    """A node agent run inside the controller (the lab's nodes: `trainmedic.lab.agents`
+    builds these with the nodes' fake GPUs): its node, kernel log and NVML."""
+
+    node: str
+    kernel: KernelSource | Path
+    nvml: NvmlBackend | None = None
 
 
 class NodeFanout:
@@ -251,8 +267,7 @@ def build_detection(
     *,
     interval: float = 2.0,
     hang_after: timedelta = timedelta(minutes=10),
-    agents: Sequence[tuple[str, Path]] = (),
-    nvml_states: dict[str, Path] | None = None,
+    agents: Sequence[InProcessAgent] = (),
     signal_spool: Path | None = None,
     quarantine_cooldown: timedelta = timedelta(minutes=10),
     agent_channel: bool | None = None,
@@ -264,11 +279,9 @@ def build_detection(
     the node-death detector; `probes` are its direct questions to a silent node
     (default: a TCP connect to slurmd on the address the node's heartbeats come from).
 
-    `agents` are (node, kernel log file) pairs followed in-process: the lab's nodes.
-    On a real cluster node agents run on the nodes and deliver through `signal_spool`.
+    `agents` are node agents followed in-process: the lab's nodes. On a real cluster
+    node agents run on the nodes and deliver through the agent channel or `signal_spool`.
     """
-    from trainmedic.adapters.nvml.fake import FakeNvml
-
     slurm = build_slurm_detection(
         # Client satisfies the router's narrow protocol; its overloads hide that from mypy.
         cast(StartsWorkflows, client),
@@ -285,17 +298,7 @@ def build_detection(
     )
     follower = JobFollower(backend, slurm.watcher, logs, interval=min(interval, 1.0))
     held = HeldSignals(fanout)
-    node_agents = [
-        NodeAgent(
-            node,
-            held,
-            kernel=kernel,
-            nvml=FakeNvml.from_file(nvml_states[node])
-            if nvml_states and node in nvml_states
-            else None,
-        )
-        for node, kernel in agents
-    ]
+    node_agents = [NodeAgent(a.node, held, kernel=a.kernel, nvml=a.nvml) for a in agents]
     spools = [
         SignalSpool(
             signal_spool or settings.state_dir / "spool" / "signals",

@@ -36,7 +36,7 @@ import signal
 import uuid
 from pathlib import Path
 
-from trainmedic.adapters.nvml import FakeNvml, NvmlBackend, PynvmlBackend
+from trainmedic.adapters.nvml import NvmlBackend, PynvmlBackend
 from trainmedic.channel.client import (
     AgentChannel,
     ChannelClient,
@@ -52,7 +52,13 @@ from trainmedic.domain.hostlist import HostlistError, validate_node_name
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.health.agent import build_health_endpoint
 from trainmedic.watchers.base import SignalSink
-from trainmedic.watchers.node import CommandSource, FileTail, KernelSource, KmsgSource, NodeAgent
+from trainmedic.watchers.node import (
+    CommandSource,
+    KernelLogTail,
+    KernelSource,
+    KmsgSource,
+    NodeAgent,
+)
 from trainmedic.watchers.spoolfile import KEY_FILE_ENV, load_key, safe_name, write_spool_file
 
 log = logging.getLogger(__name__)
@@ -115,7 +121,7 @@ def kernel_source(spec: str) -> KernelSource:
         return KmsgSource()
     if spec == "journalctl":
         return CommandSource(JOURNALCTL)
-    return FileTail(Path(spec))
+    return KernelLogTail(Path(spec))
 
 
 def nvml_backend(spec: str) -> NvmlBackend | None:
@@ -123,6 +129,9 @@ def nvml_backend(spec: str) -> NvmlBackend | None:
         return None
     if spec == "pynvml":
         return PynvmlBackend()
+    # A lab node's fake GPUs (trainmedic.lab.agents starts agents this way).
+    from trainmedic.adapters.nvml.fake import FakeNvml
+
     return FakeNvml.from_file(Path(spec))
 
 

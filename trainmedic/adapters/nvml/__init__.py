@@ -1,6 +1,13 @@
-"""NVML: the GPUs' own view of their health (ECC, Xid events, the driver's recovery action)."""
+"""NVML: the GPUs' own view of their health (ECC, Xid events, the driver's recovery action).
 
-from trainmedic.adapters.nvml.fake import FakeNvml
+`FakeNvml` (the lab's and the tests' GPUs) is loaded only when asked for, so importing
+this package on a real node loads no fake.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from trainmedic.adapters.nvml.protocol import (
     GpuHealth,
     NvmlBackend,
@@ -12,6 +19,9 @@ from trainmedic.adapters.nvml.protocol import (
     xid_finding,
 )
 from trainmedic.adapters.nvml.pynvml_backend import PynvmlBackend
+
+if TYPE_CHECKING:
+    from trainmedic.adapters.nvml.fake import FakeNvml
 
 __all__ = [
     "FakeNvml",
@@ -25,3 +35,11 @@ __all__ = [
     "findings",
     "xid_finding",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FakeNvml":
+        from trainmedic.adapters.nvml.fake import FakeNvml
+
+        return FakeNvml
+    raise AttributeError(name)
