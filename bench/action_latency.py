@@ -19,12 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -34,23 +30,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import (  # noqa: E402
-    exit_code,
-    pct,
-    say,
-    sigterm_as_interrupt,
-    wait_lab_idle,
-)
+from _common import pct, run_on_lab, say, wait_lab_idle, xid79  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 
-from trainmedic import procs  # noqa: E402
 from trainmedic.activities.control import ensure_control  # noqa: E402
 from trainmedic.audit import AuditRecord, records_from_history  # noqa: E402
 from trainmedic.config import Settings, parse_policy  # noqa: E402
-from trainmedic.domain import Evidence, EvidenceSource  # noqa: E402
 from trainmedic.domain.hostlist import expand  # noqa: E402
-from trainmedic.domain.incident import IncidentInput, IncidentResult, IncidentSignal  # noqa: E402
-from trainmedic.lab import Lab, find_free_port_base  # noqa: E402
+from trainmedic.domain.incident import IncidentInput, IncidentResult  # noqa: E402
+from trainmedic.lab import Lab  # noqa: E402
 from trainmedic.lab.lab import parse_scontrol_records  # noqa: E402
 from trainmedic.temporal.client import connect_plain  # noqa: E402
 from trainmedic.temporal.devserver import DevServer  # noqa: E402
@@ -96,24 +84,6 @@ def submit(lab: Lab) -> str:
     script.write_text("#!/bin/bash\nsrun sleep 600\n")
     argv = ["sbatch", "--parsable", "-N", "2", "-D", str(jobs), "-o", f"{jobs}/%j.out"]
     return lab.run_client([*argv, str(script)]).stdout.strip().split(";")[0]
-
-
-def xid79(node: str) -> IncidentSignal:
-    return IncidentSignal(
-        source="nvml",
-        kind="xid",
-        nodes=[node],
-        detail="Xid 79 on GPU 0",
-        evidence=[
-            Evidence(
-                source=EvidenceSource.KERNEL,
-                node=node,
-                gpu=0,
-                text="NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, "
-                "GPU has fallen off the bus.",
-            )
-        ],
-    )
 
 
 class RunningAgain(threading.Thread):
@@ -231,15 +201,6 @@ async def bench(server: DevServer, lab: Lab, state: Path, n: int, progress: Prog
             progress.finished.set()
 
 
-def run_bench(server: DevServer, lab: Lab, state: Path, n: int, progress: Progress) -> None:
-    try:
-        asyncio.run(bench(server, lab, state, n, progress))
-    except BaseException as error:
-        progress.error = progress.error or error
-    finally:
-        progress.finished.set()
-
-
 def summary(
     runs: list[dict[str, float]], failures: int, quick: bool, wall_s: float
 ) -> dict[str, Any]:
@@ -266,44 +227,18 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=None, help="incidents (default 20, quick 5)")
     args = parser.parse_args()
     n = args.n or (5 if args.quick else 20)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
-
-    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
-    server = DevServer(tmp / "temporal", port=procs.free_port(), ui_port=procs.free_port())
-    lab = Lab(tmp / "lab", port_base=find_free_port_base(LAB_NODES + 2))
     progress = Progress()
-    # The event loop (and the Temporal worker) run in a thread of their own, so that
-    # Ctrl-C always reaches this one and the clean-up below runs whatever the loop does.
-    runner = threading.Thread(
-        target=run_bench, args=(server, lab, tmp / "state", n, progress), daemon=True
+    lab_run = run_on_lab(
+        lambda server, lab, state: bench(server, lab, state, n, progress),
+        progress,
+        f"{n} incidents in auto mode",
+        nodes=LAB_NODES,
     )
-    began = time.monotonic()
-    try:
-        say(f"starting a Temporal dev server on {server.address} and a {LAB_NODES}-node lab")
-        server.start(timeout_s=90)
-        lab.up(nodes=LAB_NODES, gpus=8)
-        say(f"ready after {time.monotonic() - began:.1f} s; {n} incidents in auto mode")
-        runner.start()
-        while not progress.finished.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        say("interrupted; cleaning up")
-        code = 130
-    else:
-        code = 1 if progress.error else 0
-    finally:
-        lab.down()
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    if runner.is_alive():
-        runner.join(10)
-    if progress.error is not None and code != 130:
-        say(f"failed after {len(progress.runs)} incidents: {progress.error!r}")
-    if code != 0 or not progress.runs:
-        return exit_code(code or 1, runner)
+    failed = lab_run.failure(progress, progress.runs, f" after {len(progress.runs)} incidents")
+    if failed is not None:
+        return failed
     runs = progress.runs
-    figures = summary(runs, len(progress.failures), args.quick, time.monotonic() - began)
+    figures = summary(runs, len(progress.failures), args.quick, lab_run.wall_s())
     say(
         f"diagnosis -> drain + requeue applied: p50 {figures['effect_p50_s']:.2f} s, "
         f"p95 {figures['effect_p95_s']:.2f} s; diagnosis -> running again: "
@@ -316,7 +251,7 @@ def main() -> int:
         "GPUs, node reboots or checkpoint loads, so this is the controller's share only)"
     )
     print(json.dumps(figures), flush=True)
-    return exit_code(0, runner)
+    return lab_run.exit()
 
 
 if __name__ == "__main__":

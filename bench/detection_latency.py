@@ -53,14 +53,10 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import random
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -72,22 +68,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import (  # noqa: E402
-    exit_code,
-    pct,
-    say,
-    sigterm_as_interrupt,
-    wait_lab_idle,
-)
+from _common import pct, run_on_lab, say, wait_lab_idle  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 
-from trainmedic import procs  # noqa: E402
 from trainmedic.activities.control import ensure_control  # noqa: E402
 from trainmedic.audit import records_from_history  # noqa: E402
 from trainmedic.config import Settings, parse_policy  # noqa: E402
 from trainmedic.domain.hostlist import expand  # noqa: E402
 from trainmedic.errors import MissingDependencyError  # noqa: E402
-from trainmedic.lab import Lab, find_free_port_base, require_binaries  # noqa: E402
+from trainmedic.lab import Lab, require_binaries  # noqa: E402
 from trainmedic.lab import agents as lab_agents  # noqa: E402
 from trainmedic.lab.faults import EXPECTED_CATEGORY, Fault  # noqa: E402
 from trainmedic.lab.lab import LabError, parse_scontrol_records  # noqa: E402
@@ -446,24 +435,6 @@ async def bench(
             run.finished.set()
 
 
-def run_bench(
-    server: DevServer,
-    lab: Lab,
-    state: Path,
-    plan: list[str],
-    seed: int,
-    interval: float,
-    run: Run,
-    slurm_down_wait: float = 500.0,
-) -> None:
-    try:
-        asyncio.run(bench(server, lab, state, plan, seed, interval, run, slurm_down_wait))
-    except BaseException as error:
-        run.error = run.error or error
-    finally:
-        run.finished.set()
-
-
 def summary(run: Run, faults: list[str], args: argparse.Namespace, wall_s: float) -> dict[str, Any]:
     samples = run.samples
     out: dict[str, Any] = {"bench": "detection_latency", "n": len(samples)}
@@ -626,61 +597,28 @@ def main() -> int:
     # Round robin: drift (a busy machine) spreads over every kind alike, and node deaths
     # are minutes apart, not several within the router's 60-s storm window.
     plan = [fault for _ in range(per_fault) for fault in faults]
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
-
-    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
-    server = DevServer(tmp / "temporal", port=procs.free_port(), ui_port=procs.free_port())
-    lab = Lab(tmp / "lab", port_base=find_free_port_base(LAB_NODES + 2))
     run = Run()
-    runner = threading.Thread(
-        target=run_bench,
-        args=(
-            server,
-            lab,
-            tmp / "state",
-            plan,
-            args.seed,
-            args.slurm_interval,
-            run,
-            args.slurm_down_wait or (5.0 if args.quick else 500.0),
+    slurm_down_wait = args.slurm_down_wait or (5.0 if args.quick else 500.0)
+    lab_run = run_on_lab(
+        lambda server, lab, state: bench(
+            server, lab, state, plan, args.seed, args.slurm_interval, run, slurm_down_wait
         ),
-        daemon=True,
+        run,
+        f"{len(plan)} injections ({per_fault} x {', '.join(faults)}), monitor mode, "
+        f"settle {SETTLE_S:g} s, hang_after {HANG_AFTER_S:g} s, "
+        f"Slurm watcher every {args.slurm_interval:g} s",
+        nodes=LAB_NODES,
+        slurmd_timeout=args.slurmd_timeout,
     )
-    began = time.monotonic()
-    try:
-        say(f"starting a Temporal dev server on {server.address} and a {LAB_NODES}-node lab")
-        server.start(timeout_s=90)
-        lab.up(nodes=LAB_NODES, gpus=8, slurmd_timeout=args.slurmd_timeout)
-        say(
-            f"ready after {time.monotonic() - began:.1f} s; {len(plan)} injections "
-            f"({per_fault} x {', '.join(faults)}), monitor mode, settle {SETTLE_S:g} s, "
-            f"hang_after {HANG_AFTER_S:g} s, Slurm watcher every {args.slurm_interval:g} s"
-        )
-        runner.start()
-        while not run.finished.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        say("interrupted; cleaning up")
-        code = 130
-    else:
-        code = 1 if run.error else 0
-    finally:
-        lab.down()
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    if runner.is_alive():
-        runner.join(10)
-    if run.error is not None and code != 130:
-        say(f"failed after {len(run.samples)} injections: {run.error!r}")
-    if code != 0 or not run.samples:
-        return exit_code(code or 1, runner)
-    figures = summary(run, faults, args, time.monotonic() - began)
+    failed = lab_run.failure(run, run.samples, f" after {len(run.samples)} injections")
+    if failed is not None:
+        return failed
+    figures = summary(run, faults, args, lab_run.wall_s())
     report(figures, faults)
     if run.failures:
         say(f"{len(run.failures)} injection(s) failed: {run.failures}")
     print(json.dumps(figures), flush=True)
-    return exit_code(0, runner)
+    return lab_run.exit()
 
 
 if __name__ == "__main__":

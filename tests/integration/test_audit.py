@@ -14,31 +14,26 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import typer
 from temporalio.api.common.v1 import Payloads, WorkflowExecution
 from temporalio.api.workflowservice.v1 import SignalWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.worker import Worker
-from typer.testing import CliRunner
 
 from tests.integration.support import (
+    cli,
+    effect_awaiting_approval,
     node,
     result_of,
-    start_control,
-    start_incident,
-    submit_running,
     unique_cluster,
-    xid79,
+    xid79_incident,
 )
 from trainmedic.audit import AuditRecord, export
 from trainmedic.cli import audit as audit_cli
 from trainmedic.cli import incidents as incidents_cli
 from trainmedic.domain import Outcome
-from trainmedic.domain.incident import EffectStatus, IncidentStatus
 from trainmedic.lab import Lab
 from trainmedic.temporal.devserver import DevServer
 from trainmedic.workflows.control import control_workflow_id
-from trainmedic.workflows.recovery import RecoveryWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +43,6 @@ APPROVE = (
     "verify: {timeout: 90s, poll_interval: 1s}\n"
 )
 UI_PAYLOAD = {"action": "all", "by": "alice@ui", "comment": "Xid 79, drain it"}
-
-
-async def cli(app: typer.Typer, args: list[str]) -> tuple[int, str, str]:
-    """Run a typer app in a thread (it calls asyncio.run itself)."""
-    result = await asyncio.to_thread(CliRunner().invoke, app, args)
-    return result.exit_code, result.stdout, result.stderr
 
 
 async def signal_like_the_ui(client: Client, workflow_id: str, name: str, payload: dict) -> None:
@@ -83,22 +72,8 @@ async def test_approved_incident_is_fully_audited(
 ) -> None:
     address = ["--address", temporal_server.address]
     cluster = unique_cluster("aud")
-    await start_control(temporal_client, cluster, APPROVE)
-    job_id, placed = submit_running(clean_lab, 2)
-    culprit = placed[0]
-    incident = await start_incident(temporal_client, cluster, job_id, xid79(culprit))
-    handle = temporal_client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
-
-    async def waiting() -> IncidentStatus | None:
-        status = await handle.query(RecoveryWorkflow.status)
-        awaiting = [e for e in status.effects if e.status is EffectStatus.AWAITING_APPROVAL]
-        return status if awaiting else None
-
-    deadline = asyncio.get_running_loop().time() + 90
-    while (status := await waiting()) is None:
-        assert asyncio.get_running_loop().time() < deadline, "no effect awaiting approval"
-        await asyncio.sleep(0.3)
-    assert status.effects[0].id == f"drain-{culprit}"
+    incident, job_id, culprit = await xid79_incident(temporal_client, clean_lab, cluster, APPROVE)
+    assert await effect_awaiting_approval(temporal_client, incident) == f"drain-{culprit}"
 
     # Wrong decisions through the CLI are refused by the workflow's validator.
     code, _, err = await cli(

@@ -19,28 +19,24 @@ from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from tests.integration.support import (
-    job,
-    node,
+    assert_drained_and_requeued_elsewhere,
     result_of,
     running_on,
+    start_control,
     submit_running,
     unique_cluster,
     wait_for,
-    xid79,
+    xid79_recovery,
 )
-from trainmedic.activities.control import ensure_control
 from trainmedic.adapters.slurm.pyslurm_backend import PySlurmBackend
-from trainmedic.config import Policy, Settings, parse_policy
-from trainmedic.domain import Action, Outcome
-from trainmedic.domain.incident import EffectStatus, IncidentInput
+from trainmedic.config import Policy, Settings
+from trainmedic.domain import Outcome
 from trainmedic.lab import Lab
 from trainmedic.watchers.router import build_slurm_detection, local_runner
 from trainmedic.watchers.slurm import BackendSource
 from trainmedic.workers.controller import build_worker, slurm_backend
-from trainmedic.workflows.recovery import RecoveryWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -76,39 +72,15 @@ async def test_auto_xid79_with_pyslurm_drains_culprit_and_requeues_elsewhere(
     backend = slurm_backend(pyslurm_settings)
     assert isinstance(backend, PySlurmBackend)
     assert str(await backend.version()) == "25.11.7"
-    queue = pyslurm_settings.temporal_task_queue
-    cluster = unique_cluster("pys")
-    policy: Policy = parse_policy(AUTO)
-    worker: Worker = build_worker(temporal_client, pyslurm_settings, Policy(), backend=backend)
-    async with worker:
-        await ensure_control(temporal_client, cluster, policy, queue)
-        job_id, placed = submit_running(clean_lab25, 2)
-        culprit = placed[0]
-        signal = xid79(culprit)
-        incident = f"incident-{cluster}-{job_id}-1"
-        await temporal_client.start_workflow(
-            RecoveryWorkflow.run,
-            IncidentInput(cluster=cluster, job_id=job_id, nodes=signal.nodes, signal=signal),
-            id=incident,
-            task_queue=queue,
-        )
-        result = await result_of(temporal_client, incident)
+    incident, job_id, culprit, result = await xid79_recovery(
+        temporal_client, clean_lab25, pyslurm_settings, backend, unique_cluster("pys"), AUTO
+    )
     backend.close()
 
-    assert result.outcome is Outcome.RECOVERED, result.summary
-    assert result.diagnosis is not None
-    assert result.diagnosis.action is Action.DRAIN_AND_RESTART
-    assert result.diagnosis.culprit_nodes == [culprit]
-    assert [e.status for e in result.effects] == [EffectStatus.APPLIED, EffectStatus.APPLIED]
+    assert_drained_and_requeued_elsewhere(clean_lab25, incident, job_id, culprit, result)
     # every effect went through libslurm, and the audit says so
     commands = [r.command for e in result.effects for r in e.results if r.command]
     assert commands and all(c[0] == "pyslurm" for c in commands), commands
-    drained = node(clean_lab25, culprit)
-    assert "DRAIN" in drained["State"] and incident in drained["Reason"]
-    now_on = running_on(clean_lab25, job_id)
-    assert now_on and culprit not in now_on and len(now_on) == 2
-    assert int(job(clean_lab25, job_id)["Restarts"]) == 1
-    assert culprit in job(clean_lab25, job_id)["ExcNodeList"]
 
 
 async def test_watcher_polls_with_pyslurm_and_a_dead_node_is_recovered(
@@ -127,9 +99,7 @@ async def test_watcher_polls_with_pyslurm_and_a_dead_node_is_recovered(
     worker = build_worker(temporal_client, settings, Policy(), backend=backend)
     stop = asyncio.Event()
     async with worker:
-        await ensure_control(
-            temporal_client, cluster, parse_policy(AUTO_RAILS), settings.temporal_task_queue
-        )
+        await start_control(temporal_client, cluster, AUTO_RAILS, settings.temporal_task_queue)
         job_id, placed = submit_running(clean_lab25, 2)
         task = asyncio.create_task(detection.run(stop))
         try:

@@ -9,27 +9,18 @@ from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from tests.fixtures.ssh import SshServer
 from tests.integration.support import (
-    job,
-    node,
-    result_of,
-    running_on,
-    submit_running,
+    assert_drained_and_requeued_elsewhere,
     unique_cluster,
-    xid79,
+    xid79_recovery,
 )
-from trainmedic.activities.control import ensure_control
 from trainmedic.adapters.slurm import SlurmCli
 from trainmedic.adapters.slurm.ssh import SshRunner, ssh_runner
-from trainmedic.config import Policy, Settings, parse_policy
-from trainmedic.domain import Action, Outcome
-from trainmedic.domain.incident import EffectStatus, IncidentInput
+from trainmedic.config import Settings
 from trainmedic.lab import Lab
-from trainmedic.workers.controller import build_worker, slurm_backend
-from trainmedic.workflows.recovery import RecoveryWorkflow
+from trainmedic.workers.controller import slurm_backend
 
 pytestmark = pytest.mark.integration
 
@@ -66,34 +57,10 @@ async def test_auto_xid79_over_ssh_drains_culprit_and_requeues_elsewhere(
     assert isinstance(backend, SlurmCli)
     runner = backend._runner
     assert isinstance(runner, SshRunner) and runner is ssh_runner(ssh_settings)
-    queue = ssh_settings.temporal_task_queue
-    cluster = unique_cluster("ssh")
-    policy: Policy = parse_policy(AUTO)
-    worker: Worker = build_worker(temporal_client, ssh_settings, Policy(), backend=backend)
-    async with worker:
-        await ensure_control(temporal_client, cluster, policy, queue)
-        job_id, placed = submit_running(clean_lab, 2)
-        culprit = placed[0]
-        signal = xid79(culprit)
-        incident = f"incident-{cluster}-{job_id}-1"
-        await temporal_client.start_workflow(
-            RecoveryWorkflow.run,
-            IncidentInput(cluster=cluster, job_id=job_id, nodes=signal.nodes, signal=signal),
-            id=incident,
-            task_queue=queue,
-        )
-        result = await result_of(temporal_client, incident)
+    incident, job_id, culprit, result = await xid79_recovery(
+        temporal_client, clean_lab, ssh_settings, backend, unique_cluster("ssh"), AUTO
+    )
 
-    assert result.outcome is Outcome.RECOVERED, result.summary
-    assert result.diagnosis is not None
-    assert result.diagnosis.action is Action.DRAIN_AND_RESTART
-    assert result.diagnosis.culprit_nodes == [culprit]
-    assert [e.status for e in result.effects] == [EffectStatus.APPLIED, EffectStatus.APPLIED]
-    drained = node(clean_lab, culprit)
-    assert "DRAIN" in drained["State"] and incident in drained["Reason"]
-    now_on = running_on(clean_lab, job_id)
-    assert now_on and culprit not in now_on and len(now_on) == 2
-    assert int(job(clean_lab, job_id)["Restarts"]) == 1
-    assert culprit in job(clean_lab, job_id)["ExcNodeList"]
+    assert_drained_and_requeued_elsewhere(clean_lab, incident, job_id, culprit, result)
     # everything went over the one SSH connection, which is still up
     assert runner._master is not None and runner._master.poll() is None

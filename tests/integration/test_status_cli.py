@@ -3,23 +3,23 @@ the Slurm lab: what an operator types, what it answers, and its errors."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-import typer
 from temporalio.client import Client
 from temporalio.worker import Worker
-from typer.testing import CliRunner
 
 from tests.integration.support import (
     TASK_QUEUE,
+    cli,
+    effect_awaiting_approval,
     result_of,
     start_control,
     start_incident,
     submit_running,
     unique_cluster,
     xid79,
+    xid79_incident,
 )
 from trainmedic.cli import incidents as incidents_cli
 from trainmedic.cli.main import app as main_app
@@ -33,13 +33,6 @@ pytestmark = pytest.mark.integration
 
 AUTO = "version: it-status\nmode: {default: auto}\nverify: {timeout: 90s, poll_interval: 1s}\n"
 APPROVE = "mode: {default: approve}\napproval: {timeout: 10m}\n"
-
-
-async def cli(
-    app: typer.Typer, args: list[str], env: dict[str, str] | None = None
-) -> tuple[int, str, str]:
-    result = await asyncio.to_thread(CliRunner().invoke, app, args, env=env)
-    return result.exit_code, result.stdout, result.stderr
 
 
 async def test_status_shows_the_incident_its_times_and_the_goodput(
@@ -145,17 +138,9 @@ async def test_cancel_an_incident_waiting_for_approval(
 ) -> None:
     address = ["--address", temporal_server.address]
     cluster = unique_cluster("can")
-    await start_control(temporal_client, cluster, APPROVE)
-    job_id, placed = submit_running(clean_lab, 2)
-    incident = await start_incident(temporal_client, cluster, job_id, xid79(placed[0]))
+    incident, _, _ = await xid79_incident(temporal_client, clean_lab, cluster, APPROVE)
     handle = temporal_client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
-    for _ in range(300):
-        status = await handle.query(RecoveryWorkflow.status)
-        if any(e.status is EffectStatus.AWAITING_APPROVAL for e in status.effects):
-            break
-        await asyncio.sleep(0.3)
-    else:
-        pytest.fail("no effect awaiting approval")
+    await effect_awaiting_approval(temporal_client, incident)
 
     cancel = ["cancel", incident, "--by", "dave", "--reason", "maintenance window", *address]
     code, out, err = await cli(incidents_cli.app, cancel)

@@ -24,20 +24,16 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from tests.integration.support import (
+    effect_awaiting_approval,
     node,
     result_of,
-    start_control,
-    start_incident,
-    submit_running,
     unique_cluster,
-    xid79,
+    xid79_incident,
 )
 from trainmedic.audit import export
 from trainmedic.domain import Outcome
-from trainmedic.domain.incident import EffectStatus
 from trainmedic.lab import Lab
 from trainmedic.temporal.devserver import DevServer
-from trainmedic.workflows.recovery import RecoveryWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -77,18 +73,6 @@ def launch_args() -> list[str]:
     return ["--no-sandbox"] if os.geteuid() == 0 else []
 
 
-async def wait_for_approval(client: Client, incident: str) -> str:
-    """The id of the effect the incident waits on, once it waits."""
-    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
-    for _ in range(300):
-        status = await handle.query(RecoveryWorkflow.status)
-        waiting = [e for e in status.effects if e.status is EffectStatus.AWAITING_APPROVAL]
-        if waiting:
-            return waiting[0].id
-        await asyncio.sleep(0.3)
-    pytest.fail(f"{incident} never waited for an approval")
-
-
 async def signals_in_history(client: Client, incident: str, name: str) -> list[Any]:
     history = await client.get_workflow_handle(incident).fetch_history()
     return [
@@ -120,11 +104,8 @@ async def test_operator_approves_in_the_temporal_ui(
         print(f"\nscreenshots of the UI approval: {shots}")
 
     cluster = unique_cluster("ui")
-    await start_control(temporal_client, cluster, APPROVE)
-    job_id, placed = submit_running(clean_lab, 2)
-    culprit = placed[0]
-    incident = await start_incident(temporal_client, cluster, job_id, xid79(culprit))
-    effect = await wait_for_approval(temporal_client, incident)
+    incident, _, culprit = await xid79_incident(temporal_client, clean_lab, cluster, APPROVE)
+    effect = await effect_awaiting_approval(temporal_client, incident)
     assert effect == f"drain-{culprit}"
     # "all": the drain and the requeue after it (in approve mode each effect waits for
     # its own approval; naming `effect` would approve the drain alone).
