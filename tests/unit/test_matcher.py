@@ -112,3 +112,16 @@ def test_context_rules_give_way_on_lines_other_rules_explain() -> None:
         "timeout: WorkNCCL(SeqNum=9) ran for 600100 milliseconds before timing out."
     )
     assert [m.rule.id for m in RE2.match(line)] == ["nccl.watchdog_timeout"]
+
+
+@pytest.mark.parametrize("matcher", [RE2, PLAIN], ids=["re2", "re"])
+def test_an_xid_whose_pci_address_was_redacted_is_still_read(matcher: Matcher) -> None:
+    # Public reports often hide the address ("(PCI:...)"); the Xid is what matters, and
+    # no GPU is made up from the placeholder.
+    for line in (
+        "kernel: NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 11 (...)",
+        "NVRM: Xid (PCI:xxxx:xx:xx): 145, pid=1, RLW error",
+    ):
+        assert [m.rule.id for m in matcher.match(line)] == ["kernel.xid_145"], line
+    real = matcher.match("NVRM: Xid (PCI:0000:3b:00): 145, RLW_RXPIPE Nonfatal")
+    assert [m.rule.id for m in real] == ["kernel.xid_145"]
