@@ -15,7 +15,6 @@ encrypted) is logged and leaves its record out, or empty, never stopping the aud
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -220,10 +219,6 @@ def _sender(identity: str) -> dict[str, Any]:
     return {"identity": identity or None, "unverified_identity": not identity}
 
 
-def _event_time(event: HistoryEvent) -> datetime:
-    return event.event_time.ToDatetime(tzinfo=UTC)
-
-
 def _failure_message(failure: Any) -> str:
     message = failure.message
     cause = failure.cause if failure.HasField("cause") else None
@@ -240,9 +235,8 @@ class _Walker:
     """State carried across one history's events. Each event kind has its decoder
     (`_EVENTS`); activities and updates have theirs in `_ACTIVITIES` and `_UPDATES`."""
 
-    def __init__(self, history: WorkflowHistory) -> None:
-        self.history = history
-        self.workflow_id = history.workflow_id
+    def __init__(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
         self.run_id = ""
         self.workflow_type = ""
         self.cluster: str | None = None
@@ -269,7 +263,7 @@ class _Walker:
         fields.setdefault("mode", self.mode)
         fields.setdefault("policy_version", self.policy_version)
         rec = AuditRecord(
-            time=_event_time(self.event),
+            time=self.event.event_time.ToDatetime(tzinfo=UTC),
             kind=kind,
             workflow_id=self.workflow_id,
             run_id=self.run_id,
@@ -281,8 +275,8 @@ class _Walker:
         self.records.append(rec)
         return rec
 
-    def walk(self) -> list[AuditRecord]:
-        for event in self.history.events:
+    def walk(self, events: Iterable[HistoryEvent]) -> list[AuditRecord]:
+        for event in events:
             kind = event.WhichOneof("attributes") or ""
             decoder = _EVENTS.get(kind.removesuffix("_event_attributes"))
             if decoder is not None:
@@ -417,7 +411,7 @@ class _Walker:
 
     def memo(self, a: Any) -> None:
         fields = a.upserted_memo.fields
-        if "diagnosis" in fields and not self.has_diagnosis:
+        if "diagnosis" in fields:
             self.diagnosis(_read(fields["diagnosis"], Diagnosis))
         if "effects" in fields:
             self.effects(_read(fields["effects"], list[PlannedEffect]) or [])
@@ -532,33 +526,26 @@ def _attributed(w: _Walker, _: AttributionRequest | None, diagnosis: Diagnosis) 
     w.diagnosis(diagnosis)
 
 
-def _applied(w: _Walker, request: ApplyEffectRequest | None, outcome: EffectOutcome) -> None:
+def _applied(w: _Walker, request: ApplyEffectRequest | None, outcome: EffectOutcome | str) -> None:
+    """An effect applied, or (`outcome` the failure's message) failed for good; with the
+    identity of the worker that ran it."""
     effect = request.effect if request else None
-    if effect is not None:
-        w.effect_status[effect.id] = outcome.status.value
-    detail = outcome.note or (effect.reason if effect else "")
-    status = outcome.status.value
+    if isinstance(outcome, str):
+        status, detail, ran = "failed", outcome, _ran([])
+    else:
+        status, ran = outcome.status.value, _ran(outcome.results)
+        detail = outcome.note or (effect.reason if effect else "")
+        if effect is not None:
+            w.effect_status[effect.id] = status
     w.record(
         "effect_applied",
-        **_effect(w, effect),
+        identity=w.attrs.identity or None,
+        effect_id=effect.id if effect else None,
+        effect_kind=effect.kind.value if effect else None,
         status=status,
         detail=detail,
-        **_ran(outcome.results),
+        **ran,
     )
-
-
-def _apply_failed(w: _Walker, request: ApplyEffectRequest | None, failure: str) -> None:
-    effect = request.effect if request else None
-    w.record("effect_applied", **_effect(w, effect), status="failed", detail=failure)
-
-
-def _effect(w: _Walker, effect: PlannedEffect | None) -> dict[str, Any]:
-    """Which effect was applied, and the identity of the worker that applied it."""
-    return {
-        "identity": w.attrs.identity or None,
-        "effect_id": effect.id if effect else None,
-        "effect_kind": effect.kind.value if effect else None,
-    }
 
 
 def _verified(w: _Walker, request: VerifyRequest | None, result: VerifyResult) -> None:
@@ -585,16 +572,13 @@ def _reserved(
     w.record("reservation", status=status, detail=f"{what}: {grant.reason}")
 
 
-def _notified(w: _Walker, request: Notification | None, result: NotifyResult) -> None:
+def _notified(w: _Walker, request: Notification | None, result: NotifyResult | str) -> None:
+    event = request.event.value if request else None
+    if isinstance(result, str):  # out of retries: the news reached no one, the trail says so
+        w.record("notification", status="failed", detail=f"{event}: {result}")
+        return
     status = "delivered" if result.delivered else "not sent"
-    event = request.event.value if request else None
     w.record("notification", status=status, detail=f"{event}: {result.detail}".rstrip(": "))
-
-
-def _notify_failed(w: _Walker, request: Notification | None, failure: str) -> None:
-    # Out of retries: the news did not reach anyone, and the trail says so.
-    event = request.event.value if request else None
-    w.record("notification", status="failed", detail=f"{event}: {failure}")
 
 
 def _decided(w: _Walker, payload: DecisionPayload, _: None, failure: str | None) -> None:
@@ -610,23 +594,21 @@ def _decided(w: _Walker, payload: DecisionPayload, _: None, failure: str | None)
     )
 
 
-def _mode_set(w: _Walker, request: SetModeRequest, _: None, failure: str | None) -> None:
-    if failure is None:
-        w.mode = request.mode.value
-    _changed(w, "mode_change", request.by, failure, f"mode {request.mode.value}: {request.reason}")
-
-
-def _policy_set(w: _Walker, request: SetPolicyRequest, _: None, failure: str | None) -> None:
-    version = request.policy.version
-    if failure is None:
-        w.policy_version = version or w.policy_version
-    detail = f"policy {version}: {request.reason}".rstrip(": ")
-    _changed(w, "policy_change", request.by, failure, detail)
-
-
-def _changed(w: _Walker, kind: str, by: str, failure: str | None, detail: str) -> None:
+def _changed(
+    w: _Walker, request: SetModeRequest | SetPolicyRequest, _: None, failure: str | None
+) -> None:
+    """An operator's mode or policy change; what it set holds for the records after it."""
+    if isinstance(request, SetModeRequest):
+        kind, detail = "mode_change", f"mode {request.mode.value}: {request.reason}"
+        if failure is None:
+            w.mode = request.mode.value
+    else:
+        version = request.policy.version
+        kind, detail = "policy_change", f"policy {version}: {request.reason}".rstrip(": ")
+        if failure is None:
+            w.policy_version = version or w.policy_version
     status = "failed" if failure is not None else "applied"
-    w.record(kind, who=by or None, status=status, detail=failure or detail, **w.sender)
+    w.record(kind, who=request.by or None, status=status, detail=failure or detail, **w.sender)
 
 
 def _reservation(
@@ -651,7 +633,7 @@ def _reservation(
 @dataclass(frozen=True)
 class _Activity(Generic[Req, Res]):
     """How one activity is audited: its models, and what it records when it completes
-    (or fails for good)."""
+    (or fails for good: given the failure's message, usually by the same function)."""
 
     request: type[Req]
     result: type[Res]
@@ -674,26 +656,22 @@ class _Update(Generic[Req, Res]):
 _ACTIVITIES: dict[str, _Activity[Any, Any]] = {
     "control_snapshot": _Activity(ControlRef, ControlState, _snapshot),
     "attribute": _Activity(AttributionRequest, Diagnosis, _attributed),
-    "apply_effect": _Activity(ApplyEffectRequest, EffectOutcome, _applied, _apply_failed),
+    "apply_effect": _Activity(ApplyEffectRequest, EffectOutcome, _applied, _applied),
     "verify_job": _Activity(VerifyRequest, VerifyResult, _verified),
     "check_consistency": _Activity(ConsistencyRequest, ConsistencyReport, _consistency),
     "reserve_isolation": _Activity(ReserveIsolation, IsolationGrant, _reserved),
     "reserve_restart": _Activity(ReserveRestart, RestartGrant, _reserved),
-    "notify": _Activity(Notification, NotifyResult, _notified, _notify_failed),
+    "notify": _Activity(Notification, NotifyResult, _notified, _notified),
 }
 
 # By update name; any other update is recorded as a "signal" with its payload's `by`.
 _UPDATES: dict[str, _Update[Any, Any]] = {
     "decide": _Update(DecisionPayload, None, _decided),
-    "set_mode": _Update(SetModeRequest, None, _mode_set),
-    "set_policy": _Update(SetPolicyRequest, None, _policy_set),
+    "set_mode": _Update(SetModeRequest, None, _changed),
+    "set_policy": _Update(SetPolicyRequest, None, _changed),
     "reserve_isolation": _Update(IsolationRequest, IsolationGrant, _reservation),
     "reserve_restart": _Update(RestartRequest, RestartGrant, _reservation),
 }
-
-
-def _closed_as(status: str, detail: str) -> Callable[[_Walker, Any], None]:
-    return lambda w, a: w.closed(status, detail)
 
 
 # One decoder per event kind (HistoryEvent's `attributes`); other events say nothing.
@@ -710,22 +688,20 @@ _EVENTS: dict[str, Callable[[_Walker, Any], None]] = {
     "workflow_execution_cancel_requested": _Walker.cancel_requested,
     "workflow_execution_completed": _Walker.completed,
     "workflow_execution_failed": lambda w, a: w.closed("failed", _failure_message(a.failure)),
-    "workflow_execution_canceled": _closed_as("cancelled", "workflow cancelled"),
+    "workflow_execution_canceled": lambda w, a: w.closed("cancelled", "workflow cancelled"),
     "workflow_execution_terminated": lambda w, a: w.closed(
         "terminated", a.reason or "terminated", **_sender(a.identity)
     ),
-    "workflow_execution_timed_out": _closed_as("timed_out", "workflow timed out"),
+    "workflow_execution_timed_out": lambda w, a: w.closed("timed_out", "workflow timed out"),
 }
 
 
 def records_from_history(history: WorkflowHistory) -> list[AuditRecord]:
     """Every audited fact of one workflow run, in history order. Pure."""
-    return _Walker(history).walk()
+    return _Walker(history.workflow_id).walk(history.events)
 
 
 # ------------------------------------------------------------------------ export
-
-_AGO = re.compile(r"^\s*\d")
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -785,20 +761,16 @@ async def export(
     if incident:
         runs = await _runs_of(client, incident)
     else:
-        runs = await _listed(client, since)
+        query = visibility_query(since)
+        try:
+            runs = [(w.id, w.run_id) async for w in client.list_workflows(query)]
+        except RPCError as error:
+            raise ServiceError(f"listing workflows ({query}): {error}") from None
     for workflow_id, run_id in runs:
         history = await _history(client, workflow_id, run_id)
         for record in records_from_history(history):
             if since is None or record.time >= since:
                 yield record
-
-
-async def _listed(client: Client, since: datetime | None) -> list[tuple[str, str | None]]:
-    query = visibility_query(since)
-    try:
-        return [(w.id, w.run_id) async for w in client.list_workflows(query)]
-    except RPCError as error:
-        raise ServiceError(f"listing workflows ({query}): {error}") from None
 
 
 async def _runs_of(client: Client, workflow_id: str) -> list[tuple[str, str | None]]:

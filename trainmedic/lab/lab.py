@@ -253,17 +253,14 @@ class Lab:
     @property
     def slurm_prefix(self) -> Path | None:
         """The Slurm install this lab runs (None: the system's), given or remembered."""
-        if self._slurm_prefix is not None:
-            return self._slurm_prefix
+        return self._slurm_prefix or self._remembered_prefix()
+
+    def _remembered_prefix(self) -> Path | None:
         try:
             stored = (self.root / _PREFIX_FILE).read_text().strip()
         except OSError:
             return None
         return Path(stored) if stored else None
-
-    @property
-    def _stored_prefix(self) -> bool:
-        return (self.root / _PREFIX_FILE).is_file()
 
     def slurm_version(self) -> tuple[int, int, int] | None:
         """The version of the slurmctld this lab runs (`slurmctld -V`), None if unknown."""
@@ -322,30 +319,23 @@ class Lab:
 
     # ------------------------------------------------------- process identity
 
-    def _is_slurmctld(self, argv: list[str]) -> bool:
-        return _prog(argv) == "slurmctld" and _has_pair(argv, "-f", str(self.slurm_conf))
-
-    def _is_slurmd(self, node: str) -> Callable[[list[str]], bool]:
-        def match(argv: list[str]) -> bool:
-            return (
-                _prog(argv) == "slurmd"
-                and _has_pair(argv, "-f", str(self.slurm_conf))
-                and _has_pair(argv, "-N", node)
-            )
-
-        return match
-
-    def _is_munged(self, argv: list[str]) -> bool:
-        return _prog(argv) == "munged" and f"--socket={self.layout.munge_socket}" in argv
-
     def _munged_pid(self) -> int | None:
-        return procs.verified_pid(self.layout.munged_pid(), self._is_munged)
+        socket_arg = f"--socket={self.layout.munge_socket}"
+        return procs.verified_pid(
+            self.layout.munged_pid(), lambda argv: _runs(argv, "munged") and socket_arg in argv
+        )
 
     def _slurmctld_pid(self) -> int | None:
-        return procs.verified_pid(self.layout.slurmctld_pid(), self._is_slurmctld)
+        conf = ("-f", str(self.slurm_conf))
+        return procs.verified_pid(
+            self.layout.slurmctld_pid(), lambda argv: _runs(argv, "slurmctld", conf)
+        )
 
     def _slurmd_pid(self, node: str) -> int | None:
-        return procs.verified_pid(self.layout.slurmd_pid(node), self._is_slurmd(node))
+        flags = (("-f", str(self.slurm_conf)), ("-N", node))
+        return procs.verified_pid(
+            self.layout.slurmd_pid(node), lambda argv: _runs(argv, "slurmd", *flags)
+        )
 
     def _stepds(self, node: str) -> list[int]:
         return procs.stepds_holding(self.layout.slurmd_log(node))
@@ -445,21 +435,16 @@ class Lab:
                 "the Slurm lab must run as root (slurmd runs jobs as their owner and"
                 " needs to create device nodes); run it with sudo or in a container"
             )
+        given = {"nodes": nodes, "gpus": gpus, "cpus": cpus, "slurmd_timeout": slurmd_timeout}
+        shape = {**(self.spec or LabSpec()).model_dump(), "port_base": self.port_base}
+        shape.update((key, value) for key, value in given.items() if value is not None)
         try:
-            base = self.spec or LabSpec()
-            wanted = LabSpec(
-                nodes=base.nodes if nodes is None else nodes,
-                gpus=base.gpus if gpus is None else gpus,
-                cpus=base.cpus if cpus is None else cpus,
-                port_base=self.port_base,
-                slurmd_timeout=base.slurmd_timeout if slurmd_timeout is None else slurmd_timeout,
-            )
+            wanted = LabSpec.model_validate(shape)
         except ValidationError as error:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
             )
             raise LabError(f"invalid lab shape: {problems}") from None
-        self.layout.root.mkdir(parents=True, exist_ok=True)
         with self._locked():
             return self._up(wanted, binaries)
 
@@ -467,8 +452,8 @@ class Lab:
         current = self.status()
         fresh = current.stopped
         if not fresh:
-            stored = (self.root / _PREFIX_FILE).read_text().strip() if self._stored_prefix else ""
-            if self._slurm_prefix is not None and str(self._slurm_prefix) != stored:
+            stored = self._remembered_prefix()
+            if self._slurm_prefix is not None and self._slurm_prefix != stored:
                 raise LabError(
                     f"a lab is already running in {self.root} on Slurm from"
                     f" {stored or 'the system'}; asked for {self._slurm_prefix}."
@@ -490,7 +475,13 @@ class Lab:
             # down starts clean. If slurmds still run (only the controller died), keep
             # the state so their jobs are recovered.
             any_slurmd = any(n.slurmd_pid is not None for n in current.nodes)
-            self._start_slurmctld(binaries["slurmctld"], clear=not any_slurmd)
+            clear = [] if any_slurmd else ["-c"]
+            self._spawn(
+                "slurmctld",
+                [binaries["slurmctld"], "-f", str(self.slurm_conf), *clear],
+                lambda: self._slurmctld_pid() is not None,
+                self.layout.slurmctld_log(),
+            )
         self._wait(self._controller_answers, "slurmctld to answer", self.layout.slurmctld_log())
         for name in spec.node_names:
             if self._slurmd_pid(name) is None:
@@ -508,12 +499,11 @@ class Lab:
 
     def _prepare(self, spec: LabSpec) -> None:
         layout = self.layout
-        for directory in (layout.etc, layout.run, layout.log, layout.spool, layout.jobs):
+        # 0755: munged refuses a socket directory (munge_dir) that others can write to.
+        dirs = (layout.etc, layout.run, layout.log, layout.spool, layout.jobs, layout.munge_dir)
+        for directory in dirs:
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o755)
-        # munged refuses a socket directory that others can write to.
-        layout.munge_dir.mkdir(parents=True, exist_ok=True)
-        layout.munge_dir.chmod(0o755)
         layout.state_save.mkdir(parents=True, exist_ok=True)
         for name in spec.node_names:
             layout.slurmd_spool(name).mkdir(parents=True, exist_ok=True)
@@ -565,11 +555,9 @@ class Lab:
                     " needs CAP_MKNOD (run as root, or give the container that capability)"
                 ) from None
 
-    def _daemon_env(self) -> dict[str, str]:
-        return self.env()
-
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        """Start a daemon that forks into the background; fail on a non-zero exit."""
+    def _spawn(self, name: str, argv: list[str], up: Callable[[], bool], log_file: Path) -> None:
+        """Start a daemon that forks into the background and wait until `up`; fail on a
+        non-zero exit."""
         output = self.layout.daemon_output(name)
         with output.open("ab") as sink:
             try:
@@ -578,7 +566,7 @@ class Lab:
                     stdin=subprocess.DEVNULL,
                     stdout=sink,
                     stderr=subprocess.STDOUT,
-                    env=self._daemon_env(),
+                    env=self.env(),
                     cwd=self.layout.log,
                     timeout=self.command_timeout,
                     check=False,
@@ -590,6 +578,7 @@ class Lab:
         if result.returncode != 0:
             raise LabError(f"{name} exited with status {result.returncode}:\n{_tail(output)}")
         log.info("started %s", name)
+        self._wait(up, f"{name} to start", log_file)
 
     def _start_munged(self, munged: str) -> None:
         layout = self.layout
@@ -610,29 +599,15 @@ class Lab:
                 f"--log-file={layout.munged_log()}",
                 f"--seed-file={layout.run / 'munged.seed'}",
             ],
-        )
-        self._wait(
             lambda: self._munged_pid() is not None and layout.munge_socket.exists(),
-            "munged to start",
             layout.munged_log(),
         )
 
-    def _start_slurmctld(self, slurmctld: str, clear: bool) -> None:
-        argv = [slurmctld, "-f", str(self.slurm_conf)]
-        if clear:
-            argv.append("-c")
-        self._spawn("slurmctld", argv)
-        self._wait(
-            lambda: self._slurmctld_pid() is not None,
-            "slurmctld to start",
-            self.layout.slurmctld_log(),
-        )
-
     def _start_slurmd(self, slurmd: str, node: str) -> None:
-        self._spawn(f"slurmd-{node}", [slurmd, "-f", str(self.slurm_conf), "-N", node])
-        self._wait(
+        self._spawn(
+            f"slurmd-{node}",
+            [slurmd, "-f", str(self.slurm_conf), "-N", node],
             lambda: self._slurmd_pid(node) is not None,
-            f"slurmd {node} to start",
             self.layout.slurmd_log(node),
         )
 
@@ -762,9 +737,7 @@ class Lab:
         Between tests: cancels all jobs, revives killed nodes, resumes drained or DOWN ones.
         """
         binaries = require_binaries(self.slurm_prefix)
-        spec = self.spec
-        if spec is None or self._slurmctld_pid() is None:
-            raise LabError("the lab is not running; start it with `trainmedic lab up`")
+        spec = self._running_spec()
         with self._locked():
             self._cancel_all()
             for name in spec.node_names:
@@ -801,11 +774,9 @@ class Lab:
         """
         self._known_node(name)
         with self._locked():
-            if self._slurmctld_pid() is None:
-                raise LabError(
-                    f"the lab in {self.root} is not running, so {name} has nothing to kill; "
-                    "start it with `trainmedic lab up`"
-                )
+            self._running_spec(
+                f"the lab in {self.root} is not running, so {name} has nothing to kill"
+            )
             killed: list[int] = []
             slurmd = self._slurmd_pid(name)
             if slurmd is not None:
@@ -823,13 +794,18 @@ class Lab:
         self._known_node(name)
         binaries = require_binaries(self.slurm_prefix)
         with self._locked():
-            if self._slurmctld_pid() is None:
-                raise LabError("the lab is not running; start it with `trainmedic lab up`")
+            self._running_spec()
             if self._slurmd_pid(name) is None:
                 self._start_slurmd(binaries["slurmd"], name)
             agents.revive_agent(self, name)
             self._wait_nodes_ready([name])
             return self.status().node(name)
+
+    def _running_spec(self, problem: str = "the lab is not running") -> LabSpec:
+        spec = self.spec
+        if spec is None or self._slurmctld_pid() is None:
+            raise LabError(f"{problem}; start it with `trainmedic lab up`")
+        return spec
 
     def _known_node(self, name: str) -> None:
         try:
@@ -854,12 +830,10 @@ class Lab:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _prog(argv: list[str]) -> str:
-    return os.path.basename(argv[0]) if argv else ""
-
-
-def _has_pair(argv: list[str], flag: str, value: str) -> bool:
-    return any(a == flag and b == value for a, b in itertools.pairwise(argv))
+def _runs(argv: list[str], program: str, *flags: tuple[str, str]) -> bool:
+    """`argv` runs `program` (from any directory) with each flag followed by its value."""
+    pairs = set(itertools.pairwise(argv))
+    return bool(argv) and os.path.basename(argv[0]) == program and pairs.issuperset(flags)
 
 
 def _snapshot(pids: list[int]) -> dict[int, list[str]]:
