@@ -266,46 +266,36 @@ def _plain(text: str | bytes, what: str) -> dict[str, Any]:
     return plain
 
 
+def _records(
+    text: str | bytes, what: str, key: str, decoder: Any, use_msgspec: bool
+) -> Iterable[Mapping[str, Any]] | None:
+    """The command's `key` records as plain mappings, one at a time (None when the
+    output has no such list), after Slurm's own `errors` are raised."""
+    if not use_msgspec:
+        plain = _plain(text, what)
+        records = plain.get(key)
+        return records if isinstance(records, list) else None
+    try:
+        doc = decoder.decode(text)
+    except msgspec.DecodeError as exc:
+        raise SlurmParseError(f"{what}: {exc}") from exc
+    raise_json_errors({"errors": doc.errors}, what)
+    structs = getattr(doc, key)
+    return None if structs is None else (msgspec.structs.asdict(r) for r in structs)
+
+
 def parse_squeue_lean(text: str | bytes, *, use_msgspec: bool = True) -> dict[str, JobView]:
-    raws: Iterable[Mapping[str, Any]]
-    if use_msgspec:
-        try:
-            doc = _SQUEUE_DECODER.decode(text)
-        except msgspec.DecodeError as exc:
-            raise SlurmParseError(f"squeue --json: {exc}") from exc
-        raise_json_errors({"errors": doc.errors}, "squeue --json")
-        if doc.jobs is None:
-            raise SlurmParseError("squeue --json: no 'jobs' list")
-        raws = (msgspec.structs.asdict(j) for j in doc.jobs)
-    else:
-        plain = _plain(text, "squeue --json")
-        if not isinstance(plain.get("jobs"), list):
-            raise SlurmParseError("squeue --json: no 'jobs' list")
-        raws = plain["jobs"]
-    jobs: dict[str, JobView] = {}
-    for raw in raws:
-        view = lean_job(raw)
-        jobs[view.job_id] = view
-    return jobs
+    raws = _records(text, "squeue --json", "jobs", _SQUEUE_DECODER, use_msgspec)
+    if raws is None:
+        raise SlurmParseError("squeue --json: no 'jobs' list")
+    return {view.job_id: view for view in map(lean_job, raws)}
 
 
 def parse_sinfo_lean(text: str | bytes, *, use_msgspec: bool = True) -> dict[str, NodeView]:
-    raws: Iterable[Mapping[str, Any]]
-    if use_msgspec:
-        try:
-            doc = _SINFO_DECODER.decode(text)
-        except msgspec.DecodeError as exc:
-            raise SlurmParseError(f"sinfo --json: {exc}") from exc
-        raise_json_errors({"errors": doc.errors}, "sinfo --json")
-        if doc.nodes is None:
-            return _nodes_full(text)
-        raws = (msgspec.structs.asdict(n) for n in doc.nodes)
-    else:
-        plain = _plain(text, "sinfo --json")
-        if not isinstance(plain.get("nodes"), list):
-            return _nodes_full(text)
-        raws = plain["nodes"]
-    return {view.name: view for view in (lean_node(raw) for raw in raws)}
+    raws = _records(text, "sinfo --json", "nodes", _SINFO_DECODER, use_msgspec)
+    if raws is None:
+        return _nodes_full(text)
+    return {view.name: view for view in map(lean_node, raws)}
 
 
 def _nodes_full(text: str | bytes) -> dict[str, NodeView]:
