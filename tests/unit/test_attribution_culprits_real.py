@@ -175,7 +175,11 @@ def test_a_generic_exception_yields_to_a_rule_that_knows_the_message() -> None:
 
 def test_generic_rules_are_the_exception_type_ones() -> None:
     generic = sorted(r.id for r in load_catalog().rules if r.generic)
-    assert generic == ["python.runtime_error_other", "python.traceback_exception"]
+    assert generic == [
+        "python.exception_other",
+        "python.runtime_error_other",
+        "python.traceback_exception",
+    ]
 
 
 # -- families the brief named that no tune case shows: PyTorch's and NCCL's own strings --

@@ -242,5 +242,10 @@ class Matcher:
             # A line that a specific rule explains (a known cascade, the rendezvous, a
             # checkpoint mismatch) is not also a generic exception of the program (other
             # weak roots, such as a SIGKILL in torchelastic's summary, stay).
-            found = [f for f in found if not f.rule.generic] or found
+            specific = [f for f in found if not f.rule.generic]
+            if specific:
+                found = specific
+            else:  # only generic ones: the exception class that is named beats "any class"
+                top = max(f.rule.precedence for f in found)
+                found = [f for f in found if f.rule.precedence == top]
         return found
