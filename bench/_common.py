@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainmedic import procs
-from trainmedic.domain import Evidence, EvidenceSource
 from trainmedic.domain.incident import IncidentSignal
-from trainmedic.lab import Lab, find_free_port_base
+from trainmedic.lab import Lab, faults, find_free_port_base
 from trainmedic.temporal.devserver import DevServer
 
 
@@ -66,25 +65,6 @@ def exit_code(code: int, runner: threading.Thread) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
-
-
-def xid79(node: str) -> IncidentSignal:
-    """What the node agent would report: the kernel's Xid 79 line for GPU 0 of `node`."""
-    return IncidentSignal(
-        source="nvml",
-        kind="xid",
-        nodes=[node],
-        detail="Xid 79 on GPU 0",
-        evidence=[
-            Evidence(
-                source=EvidenceSource.KERNEL,
-                node=node,
-                gpu=0,
-                text="NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, "
-                "GPU has fallen off the bus.",
-            )
-        ],
-    )
 
 
 class Outcome(Protocol):
@@ -170,3 +150,8 @@ def run_on_lab(
     if runner.is_alive():
         runner.join(10)
     return LabRun(code, runner, began)
+
+
+def xid79(node: str) -> IncidentSignal:
+    """What the node agent would report: the kernel's Xid 79 line for GPU 0 of `node`."""
+    return faults.xid79_signal(node, gpu=0)

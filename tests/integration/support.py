@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from trainmedic.activities.control import ensure_control
 from trainmedic.adapters.slurm import SlurmBackend
 from trainmedic.config import Policy, Settings, parse_policy
-from trainmedic.domain import Action, Evidence, EvidenceSource, Outcome
+from trainmedic.domain import Action, Outcome
 from trainmedic.domain.hostlist import expand
 from trainmedic.domain.incident import (
     EffectStatus,
@@ -26,7 +26,7 @@ from trainmedic.domain.incident import (
     IncidentResult,
     IncidentSignal,
 )
-from trainmedic.lab import Lab
+from trainmedic.lab import Lab, faults
 from trainmedic.lab.lab import parse_scontrol_records
 from trainmedic.workers.controller import build_worker
 from trainmedic.workflows.recovery import RecoveryWorkflow
@@ -109,27 +109,6 @@ def submit_running(lab: Lab, nodes: int = 2, *extra: str) -> tuple[str, list[str
     job_id = submit(lab, nodes, *extra)
     placed = wait_for(lambda: running_on(lab, job_id), f"job {job_id} to run")
     return job_id, placed
-
-
-def xid79(node_name: str) -> IncidentSignal:
-    """What the node agent would report: the kernel's Xid 79 line on that node."""
-    return IncidentSignal(
-        source="nvml",
-        kind="xid",
-        nodes=[node_name],
-        detail="Xid 79 on GPU 3",
-        evidence=[
-            Evidence(
-                source=EvidenceSource.KERNEL,
-                node=node_name,
-                gpu=3,
-                text=(
-                    "NVRM: Xid (PCI:0000:3b:00): 79, pid=20211, name=python, "
-                    "GPU has fallen off the bus."
-                ),
-            )
-        ],
-    )
 
 
 def unique_cluster(prefix: str) -> str:
@@ -258,3 +237,8 @@ async def record_history(client: Client, workflow_id: str, name: str | None = No
         control = await client.get_workflow_handle(f"control-{cluster}").fetch_history()
         (folder / f"control-{cluster[:-6]}.json").write_text(control.to_json())
     (folder / f"recovery-{name}.json").write_text(history.to_json())
+
+
+def xid79(node_name: str) -> IncidentSignal:
+    """What the node agent would report: the kernel's Xid 79 line on that node (GPU 3)."""
+    return faults.xid79_signal(node_name, gpu=3, pid=20211)

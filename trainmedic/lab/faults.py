@@ -27,6 +27,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from trainmedic.domain.diagnosis import Evidence
+from trainmedic.domain.enums import EvidenceSource
+from trainmedic.domain.incident import IncidentSignal
+
 
 class Fault(StrEnum):
     XID79 = "xid79"
@@ -126,6 +130,25 @@ def kernel_lines(
             ]
         case _:
             return []
+
+
+def xid79_signal(node: str, gpu: int, *, pid: int = 4242) -> IncidentSignal:
+    """What the node agent reports for an Xid 79 on `gpu` of `node`: the kernel's line,
+    for tests and benches that start an incident without injecting the fault."""
+    return IncidentSignal(
+        source="nvml",
+        kind="xid",
+        nodes=[node],
+        detail=f"Xid 79 on GPU {gpu}",
+        evidence=[
+            Evidence(
+                source=EvidenceSource.KERNEL,
+                node=node,
+                gpu=gpu,
+                text=kernel_lines(Fault.XID79, pid=pid, node=node, gpu=gpu)[0],
+            )
+        ],
+    )
 
 
 def append_kernel(lab_root: Path, node: str, lines: list[str]) -> None:
