@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -175,11 +174,7 @@ class ChannelSink:
     # -- the spool ------------------------------------------------------------------------
 
     def backlog(self) -> bool:
-        try:
-            with os.scandir(self.spool) as entries:
-                return any(e.name.endswith(".json") and e.name[0] != "." for e in entries)
-        except OSError:
-            return False
+        return bool(self._dir.names())
 
     def _write(self, finding: dict[str, Any], *, bad: bool = False) -> None:
         self._seq += 1
@@ -347,15 +342,7 @@ class ProbeListener:
                 writer.write(wire.response_bytes(200, payload, close=True))
             elif endpoint is not None:
                 reply = await endpoint.handle(request.method, request.path, request.headers)
-                extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
-                reason = wire.REASONS.get(reply.status, "Unknown")
-                writer.write(
-                    (
-                        f"HTTP/1.1 {reply.status} {reason}\r\n{extra}"
-                        f"Content-Length: {len(reply.body)}\r\nConnection: close\r\n\r\n"
-                    ).encode()
-                    + reply.body
-                )
+                writer.write(wire.reply_bytes(reply.status, reply.body, reply.headers))
             else:
                 writer.write(wire.response_bytes(404, {"error": "not found"}, close=True))
             await writer.drain()

@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
+    409: "Conflict",
     411: "Length Required",
     413: "Payload Too Large",
     429: "Too Many Requests",
@@ -200,6 +202,17 @@ def response_bytes(status: int, payload: dict[str, Any], *, close: bool = False)
         "Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def reply_bytes(status: int, body: bytes, headers: Mapping[str, str]) -> bytes:
+    """A response with `headers` and `body`, closing the connection (the probe listener's
+    mounted endpoints, the health check's own small server)."""
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    head = (
+        f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}\r\n{extra}"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode() + body
 

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
 from trainmedic.adapters.nvml.protocol import NvmlBackend
+from trainmedic.channel.wire import node_key, reply_bytes
 from trainmedic.config import Settings
 from trainmedic.domain.health import HEALTH_PATH, SIGNATURE_HEADER, NodeHealthResponse
 from trainmedic.errors import ConfigError
 from trainmedic.health.checks import NodeHealthChecker, health_config
 from trainmedic.health.wire import WireError, decode_request, sign_response
+from trainmedic.watchers.spoolfile import load_key
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +97,8 @@ def build_health_endpoint(
     TRAINMEDIC_SPOOL_KEY_FILE). No key: a ConfigError at start-up, since an unsigned
     answer would never be believed by the controller anyway."""
     if key is None:
-        site = settings.agent_key_file or settings.spool_key_file
+        site = settings.site_key_file
         if site is not None:
-            from trainmedic.channel.wire import node_key
-            from trainmedic.watchers.spoolfile import load_key
-
             key = node_key(load_key(site), node)
     if not key:
         raise ConfigError(
@@ -110,17 +109,6 @@ def build_health_endpoint(
             ],
         )
     return HealthEndpoint(node, NodeHealthChecker(node, nvml, health_config(settings)), key)
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    500: "Internal Server Error",
-}
 
 
 async def _serve_one(
@@ -143,12 +131,7 @@ async def _serve_one(
     except Exception:  # a bug in a check must not take the agent down: say so, log it
         log.exception("health check failed")
         reply = _error(500, "the health check failed on the agent (see its log)")
-    status = f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Error')}\r\n"
-    extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
-    writer.write(
-        f"{status}Content-Length: {len(reply.body)}\r\nConnection: close\r\n{extra}\r\n".encode()
-        + reply.body
-    )
+    writer.write(reply_bytes(reply.status, reply.body, reply.headers))
     with contextlib.suppress(ConnectionError):
         await writer.drain()
     writer.close()
