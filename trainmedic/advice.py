@@ -45,7 +45,8 @@ from trainmedic.domain.incident import (
     IncidentResult,
 )
 from trainmedic.domain.slurm import SlurmJob, SlurmNode
-from trainmedic.workflows.planning import is_ours
+from trainmedic.workflows.planning import _AUTONOMY as AUTONOMY  # monitor < approve < auto
+from trainmedic.workflows.planning import effect_mode, is_ours
 
 # The action kinds that have effects, hence a mode to earn (wait and escalate do nothing).
 PROMOTABLE: tuple[Action, ...] = (
@@ -54,7 +55,6 @@ PROMOTABLE: tuple[Action, ...] = (
     Action.DRAIN_AND_RESTART,
     Action.STOP,
 )
-_AUTONOMY = {Mode.MONITOR: 0, Mode.APPROVE: 1, Mode.AUTO: 2}
 
 # Reasons slurmctld sets by itself: a node out for one of these was not taken out by a
 # person (the reason's user does not tell: slurmctld records SlurmUser, often root).
@@ -518,9 +518,7 @@ def current_mode(policy: Policy, cluster_mode: Mode, action: Action) -> Mode:
     """The kind's mode now, as planning.effect_mode decides it (partition overrides
     aside): a cluster in monitor keeps every kind in monitor; otherwise the action's
     override, else the cluster's mode."""
-    if cluster_mode is Mode.MONITOR:
-        return Mode.MONITOR
-    return policy.mode.actions.get(action, cluster_mode)
+    return effect_mode(policy, cluster_mode, action, None)
 
 
 def _bar(to: Mode, cases: int, agree: int, bar: PromotionPolicy, evidence: str) -> Bar:
@@ -577,7 +575,7 @@ def decide_promotions(
                 action=action,
                 current=now,
                 earned=earned,
-                promote_to=earned if _AUTONOMY[earned] > _AUTONOMY[now] else None,
+                promote_to=earned if AUTONOMY[earned] > AUTONOMY[now] else None,
                 bars=[to_approve, to_auto],
             )
         )

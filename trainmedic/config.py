@@ -41,6 +41,13 @@ from trainmedic.temporal import tls as tm_tls
 ENV_PREFIX = "TRAINMEDIC_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
+
+def _is_host_port(value: str) -> bool:
+    """HOST:PORT with a port of 0-65535 (the split is at the last colon)."""
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and int(port) <= 65535)
+
+
 # A policy is a page of YAML; anything far larger is a mistake or an attack, and is
 # refused before the parser sees it.
 MAX_POLICY_BYTES = 256 * 1024
@@ -201,10 +208,7 @@ class Settings(BaseSettings):
     @classmethod
     def _metrics_address(cls, value: str) -> str:
         value = value.strip()
-        if not value:
-            return value
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
+        if value and not _is_host_port(value):
             raise ValueError("expected HOST:PORT (e.g. 127.0.0.1:9464), or empty for off")
         return value
 
@@ -308,16 +312,14 @@ class Settings(BaseSettings):
     @field_validator("temporal_address")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
+        if not _is_host_port(value):
             raise ValueError("expected host:port, e.g. 127.0.0.1:7233")
         return value
 
     @field_validator("agent_listen")
     @classmethod
     def _listen_address(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        if not _is_host_port(value):
             raise ValueError("expected host:port, e.g. 0.0.0.0:8790 (port 0: any free one)")
         return value
 
@@ -361,6 +363,11 @@ class Settings(BaseSettings):
     def temporal_tls_implied_by(self) -> str | None:
         """The settings that turned TLS on when TRAINMEDIC_TEMPORAL_TLS was not set."""
         return self._tls_implied_by
+
+    @property
+    def site_key_file(self) -> Path | None:
+        """The site key agents' keys derive from: agent_key_file, else spool_key_file."""
+        return self.agent_key_file or self.spool_key_file
 
     @property
     def temporal_dir(self) -> Path:

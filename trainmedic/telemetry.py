@@ -27,7 +27,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import metrics, trace
@@ -160,12 +159,6 @@ PROMETHEUS_SERIES = frozenset(name for spec in INSTRUMENTS for name in spec.prom
 # ----------------------------------------------------------------------------- outcomes
 
 
-def _seconds(start: datetime | None, end: datetime | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return max(0.0, (end - start).total_seconds())
-
-
 def approval_waits(result: IncidentResult) -> list[tuple[str, str, float]]:
     """(effect kind, decision, seconds) for each effect that waited for an operator."""
     waits: list[tuple[str, str, float]] = []
@@ -179,9 +172,8 @@ def approval_waits(result: IncidentResult) -> list[tuple[str, str, float]]:
             verdict = "timeout"
         else:
             verdict = "approved" if decision.approve else "rejected"
-        seconds = _seconds(effect.awaiting_since, decision.at)
-        if seconds is not None:
-            waits.append((effect.kind.value, verdict, seconds))
+        seconds = max(0.0, (decision.at - effect.awaiting_since).total_seconds())
+        waits.append((effect.kind.value, verdict, seconds))
     return waits
 
 

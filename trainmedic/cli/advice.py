@@ -24,9 +24,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from trainmedic.advice import (
+    AUTONOMY,
     PROMOTABLE,
     AdviceReport,
     Case,
@@ -38,7 +39,7 @@ from trainmedic.advice import (
     promoted_policy,
 )
 from trainmedic.cli.common import console, err_console, settings
-from trainmedic.cli.incidents import ADDRESS, Refused, _print_table, _run, _update_refusal
+from trainmedic.cli.incidents import ADDRESS, Refused, _print_table, _run, _update_problem
 from trainmedic.config import PositiveDuration
 from trainmedic.domain.control import ControlState, SetPolicyRequest
 from trainmedic.domain.enums import Action, Mode
@@ -314,8 +315,7 @@ async def promote(
 
     report, control = await gather_report(client, cluster, window)
     figures = next(p for p in report.promotions if p.action is action)
-    order = [Mode.MONITOR, Mode.APPROVE, Mode.AUTO]
-    if order.index(figures.current) >= order.index(to):
+    if AUTONOMY[figures.current] >= AUTONOMY[to]:
         raise Refused(
             f"{action.value} already runs in {figures.current.value} on {cluster}; "
             "promote only raises autonomy"
@@ -334,7 +334,7 @@ async def promote(
         )
     days = (report.generated_at - report.since).total_seconds() / 86400
     bar = figures.bar(to)
-    earned = order.index(figures.earned) >= order.index(to)
+    earned = AUTONOMY[figures.earned] >= AUTONOMY[to]
     if not earned and not force:
         raise Refused(
             f"{action.value} has not earned {to.value} on {cluster} (last {days:g}d): "
@@ -346,17 +346,16 @@ async def promote(
         said += "; forced: the bar was not met"
     if reason:
         said += f"; {reason}"
-    handle = client.get_workflow_handle_for(ControlWorkflow.run, control_workflow_id(cluster))
+    workflow_id = control_workflow_id(cluster)
+    handle = client.get_workflow_handle_for(ControlWorkflow.run, workflow_id)
     try:
         state = await handle.execute_update(
             ControlWorkflow.set_policy, SetPolicyRequest(policy=policy, by=by, reason=said)
         )
-    except WorkflowUpdateFailedError as error:
-        raise Refused(f"{control_workflow_id(cluster)} refused: {_update_refusal(error)}") from None
-    except RPCError as error:
-        if error.status is RPCStatusCode.NOT_FOUND:
-            raise Refused(f"cluster {cluster!r} has no control workflow") from None
-        raise Refused(f"{control_workflow_id(cluster)}: {error.message}") from None
+    except (WorkflowUpdateFailedError, RPCError) as error:
+        raise _update_problem(
+            error, workflow_id, f"cluster {cluster!r} has no control workflow"
+        ) from None
     return state, figures, changes, not earned
 
 

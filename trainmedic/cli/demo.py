@@ -49,6 +49,7 @@ from trainmedic.lab.workload import (
 from trainmedic.temporal.client import connect
 from trainmedic.workers.controller import run_controller
 from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.quarantine import quarantine_workflow_id
 from trainmedic.workflows.recovery import RecoveryWorkflow, incident_workflow_id
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ async def _close_demo_workflows(
     # By the cluster's search attribute; by id for one that never ran its first task
     # (it has no attributes yet), matching this cluster only, not `<cluster>-x`. Cluster
     # names are letters, digits, '.', '_' and '-' (Settings), safe inside the quotes.
-    node_ids = {f"node-{cluster}-{node}" for node in nodes}
+    node_ids = {quarantine_workflow_id(cluster, node) for node in nodes}
     incident_id = re.compile(rf"incident-{re.escape(cluster)}-[^-]+-\d+")
     query = (
         "ExecutionStatus = 'Running' AND "

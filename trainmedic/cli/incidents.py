@@ -101,6 +101,18 @@ def _update_refusal(error: WorkflowUpdateFailedError) -> str:
     return str(getattr(cause, "message", None) or cause or error)
 
 
+def _update_problem(
+    error: WorkflowUpdateFailedError | RPCError, workflow_id: str, not_found: str
+) -> Refused:
+    """An update that did not go through: the workflow's own refusal, `not_found` where
+    there is no such workflow, else Temporal's message."""
+    if isinstance(error, WorkflowUpdateFailedError):
+        return Refused(f"{workflow_id} refused: {_update_refusal(error)}")
+    if error.status is RPCStatusCode.NOT_FOUND:
+        return Refused(not_found)
+    return _rpc_problem(error, workflow_id)
+
+
 def _print_table(table: Table) -> None:
     """At the terminal's width on a terminal; wide when piped, so that grep and scripts
     see whole ids, states and commands instead of folded cells."""
@@ -433,15 +445,13 @@ async def set_mode(client: Client, cluster: str, request: SetModeRequest) -> Mod
     handle = client.get_workflow_handle_for(ControlWorkflow.run, workflow_id)
     try:
         state = await handle.execute_update(ControlWorkflow.set_mode, request)
-    except WorkflowUpdateFailedError as error:
-        raise Refused(f"{workflow_id} refused: {_update_refusal(error)}") from None
-    except RPCError as error:
-        if error.status is RPCStatusCode.NOT_FOUND:
-            raise Refused(
-                f"cluster {cluster!r} has no control workflow ({workflow_id}); it starts with "
-                "the controller worker"
-            ) from None
-        raise _rpc_problem(error, workflow_id) from None
+    except (WorkflowUpdateFailedError, RPCError) as error:
+        raise _update_problem(
+            error,
+            workflow_id,
+            f"cluster {cluster!r} has no control workflow ({workflow_id}); it starts with "
+            "the controller worker",
+        ) from None
     return state.mode
 
 

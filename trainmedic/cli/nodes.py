@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from trainmedic.cli.common import console, settings
 from trainmedic.cli.incidents import (
@@ -26,7 +26,7 @@ from trainmedic.cli.incidents import (
     Refused,
     _print_table,
     _run,
-    _update_refusal,
+    _update_problem,
     _who,
 )
 from trainmedic.domain.hostlist import HostlistError, validate_node_name
@@ -203,15 +203,13 @@ async def release(client: Client, cluster: str, node: str, payload: ReleasePaylo
                 f"{workflow_id} is over ({state})"
             )
         status = await handle.execute_update(NodeQuarantineWorkflow.release_node, payload)
-    except WorkflowUpdateFailedError as error:
-        raise Refused(f"{workflow_id} refused: {_update_refusal(error)}") from None
-    except RPCError as error:
-        if error.status is RPCStatusCode.NOT_FOUND:
-            raise Refused(
-                f"node {node} is not held out by trainmedic on cluster {cluster} "
-                f"(no quarantine {workflow_id})"
-            ) from None
-        raise Refused(f"{workflow_id}: {error.message}") from None
+    except (WorkflowUpdateFailedError, RPCError) as error:
+        raise _update_problem(
+            error,
+            workflow_id,
+            f"node {node} is not held out by trainmedic on cluster {cluster} "
+            f"(no quarantine {workflow_id})",
+        ) from None
     return (
         f"{node}: released by {payload.by} ({workflow_id}); now {status.state}: "
         f"{status.details}. The health check runs and is recorded, then the node is resumed "

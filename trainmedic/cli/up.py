@@ -111,7 +111,7 @@ def up(
                 listen = config.agent_listen
                 if "agent_listen" not in config.model_fields_set:
                     listen = "127.0.0.1:0"  # any free port: the lab's agents are told it
-                key = config.agent_key_file or config.spool_key_file or ensure_key(lab)
+                key = config.site_key_file or ensure_key(lab)
                 config = config.model_copy(
                     update={"agent_channel": True, "agent_key_file": key, "agent_listen": listen}
                 )

@@ -36,15 +36,18 @@ class RestartRecord(BaseModel):
     at: datetime
 
 
-class Offense(BaseModel):
-    """A node trainmedic drained and quarantined: one entry per quarantine (episode),
-    whatever the number of reports or incidents about that one failure."""
-
+class OffenseRequest(BaseModel):
     node: str
     episode: str  # the quarantine's first run id
     incident_id: str | None = None  # from trainmedic's drain reason
     category: str | None = None
     reason: str | None = None
+
+
+class Offense(OffenseRequest):
+    """A node trainmedic drained and quarantined: one entry per quarantine (episode),
+    whatever the number of reports or incidents about that one failure."""
+
     at: datetime
 
 
@@ -114,14 +117,6 @@ class RestartGrant(BaseModel):
     reason: str
     restarts_without_progress: int = 0
     budget: int = 0
-
-
-class OffenseRequest(BaseModel):
-    node: str
-    episode: str
-    incident_id: str | None = None
-    category: str | None = None
-    reason: str | None = None
 
 
 class OffenseVerdict(BaseModel):

@@ -81,7 +81,7 @@ def health_probe(settings: Settings, lab: Lab | None) -> NodeHealthProbe:
         return lab_health_probe(lab)
     from trainmedic.watchers.spoolfile import load_key
 
-    site = settings.agent_key_file or settings.spool_key_file
+    site = settings.site_key_file
     key = load_key(site) if site else None
     if key is None:
         logger.warning(
@@ -270,7 +270,7 @@ async def run_controller(
                 lab_agents.start_agents(
                     lab,
                     lab_agents.controller_address(receiver.host, receiver.port),
-                    settings.agent_key_file or settings.spool_key_file,
+                    settings.site_key_file,
                 )
             telemetry.watch(detection)  # watcher cycle times, spool depths
             detection.slurm.watcher.catch_up_ended = took_over

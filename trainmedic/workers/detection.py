@@ -324,7 +324,7 @@ def build_detection(
 
 def agent_site_key(settings: Settings) -> bytes:
     """The site key the agent channel derives node keys from; ConfigError if unset."""
-    path = settings.agent_key_file or settings.spool_key_file
+    path = settings.site_key_file
     if path is None:
         raise ConfigError(
             "environment (TRAINMEDIC_*)",
