@@ -18,6 +18,7 @@ to stop processes:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -118,6 +119,11 @@ def verified_pid(pid_file: Path, matches: Callable[[list[str]], bool]) -> int | 
     return pid if matches(cmdline(pid)) else None
 
 
+def has_flags(argv: list[str], *flags: tuple[str, str]) -> bool:
+    """`argv` has each flag directly followed by its value (e.g. ("-N", "node01"))."""
+    return set(itertools.pairwise(argv)).issuperset(flags)
+
+
 def owned_pid(pid_file: Path, marker: str) -> int | None:
     """The pid in `pid_file` if that process is alive and its argv mentions `marker`."""
     return verified_pid(pid_file, lambda argv: any(marker in arg for arg in argv))
@@ -165,7 +171,8 @@ def send(pids: Iterable[int], sig: signal.Signals) -> None:
             log.debug("sent %s to pid %d", sig.name, pid)
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
+    """Collect our exited child `pid`, if it is one (a no-op for anyone else's)."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
@@ -177,7 +184,7 @@ def wait_exited(pids: Iterable[int], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     while remaining:
         for pid in remaining:
-            _reap(pid)
+            reap(pid)
         remaining = [pid for pid in remaining if is_alive(pid)]
         if not remaining or time.monotonic() >= deadline:
             break

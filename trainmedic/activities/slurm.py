@@ -25,7 +25,7 @@ from trainmedic.domain.activity_io import (
 )
 from trainmedic.domain.enums import Category
 from trainmedic.domain.incident import EffectKind, EffectStatus, PlannedEffect
-from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode, is_ours
+from trainmedic.domain.slurm import EffectResult, SlurmJob, SlurmNode, is_ours, parse_our_reason
 
 
 class SlurmActivities:
@@ -253,7 +253,8 @@ class MarksNodesDown(Protocol):
 def _isolates_dead_node(effect: PlannedEffect) -> bool:
     """The isolation of a node_down culprit: the node is dead, not merely suspect (the
     reason is `planning.slurm_reason`: "trainmedic <incident>: <category>: ...")."""
-    return f": {Category.NODE_DOWN.value}: " in effect.reason
+    ours = parse_our_reason(effect.reason)
+    return ours is not None and ours[1] == Category.NODE_DOWN.value
 
 
 def _target(value: str | None, effect: PlannedEffect) -> str:

@@ -18,8 +18,6 @@ same fake GPUs (`LabNodeHealthProbe`).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import logging
 import os
@@ -78,21 +76,16 @@ def _is_agent(lab: Lab, node: str) -> Callable[[list[str]], bool]:
     spool = str(spool_dir(lab, node))
 
     def match(argv: list[str]) -> bool:
-        return MODULE in argv and _pair(argv, "--node", node) and _pair(argv, "--spool", spool)
+        return MODULE in argv and procs.has_flags(argv, ("--node", node), ("--spool", spool))
 
     return match
-
-
-def _pair(argv: list[str], flag: str, value: str) -> bool:
-    return any(a == flag and b == value for a, b in itertools.pairwise(argv))
 
 
 def agent_pid(lab: Lab, node: str) -> int | None:
     """The node's running agent, if any (a zombie child of ours is reaped here)."""
     pid = procs.read_pid(pid_file(lab, node))
     if pid is not None:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
+        procs.reap(pid)
     return procs.verified_pid(pid_file(lab, node), _is_agent(lab, node))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import itertools
 import logging
 import os
 import re
@@ -832,8 +831,7 @@ class Lab:
 
 def _runs(argv: list[str], program: str, *flags: tuple[str, str]) -> bool:
     """`argv` runs `program` (from any directory) with each flag followed by its value."""
-    pairs = set(itertools.pairwise(argv))
-    return bool(argv) and os.path.basename(argv[0]) == program and pairs.issuperset(flags)
+    return bool(argv) and os.path.basename(argv[0]) == program and procs.has_flags(argv, *flags)
 
 
 def _snapshot(pids: list[int]) -> dict[int, list[str]]:

@@ -186,7 +186,8 @@ async def run(args: argparse.Namespace) -> None:
     nvml = nvml_backend(args.nvml)
     if args.controller:
         agent_id = uuid.uuid4().hex
-        client = ChannelClient(args.controller, args.node, channel_key(args))
+        key = channel_key(args)
+        client = ChannelClient(args.controller, args.node, key)
         channel_sink = ChannelSink(client, args.spool, agent_id=agent_id, spool_key=site_key)
         host, port = parse_address(args.listen)
         probe = ProbeListener(args.node, agent_id, host, port)
@@ -194,7 +195,7 @@ async def run(args: argparse.Namespace) -> None:
         # node's GPUs and signed with the node's key, like everything else it sends.
         probe.mount(
             HEALTH_PATH,
-            build_health_endpoint(args.node, nvml, load_settings(), key=channel_key(args)),
+            build_health_endpoint(args.node, nvml, load_settings(), key=key),
         )
         probe_port = await probe.start()
         channel = AgentChannel(channel_sink, interval=args.heartbeat, probe_port=probe_port)
