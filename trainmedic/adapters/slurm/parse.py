@@ -163,7 +163,7 @@ def split_job_state(states: Iterable[str]) -> tuple[str, list[str]]:
     return base, flags
 
 
-def load_json(text: str, what: str) -> dict[str, Any]:
+def load_json(text: str | bytes, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -248,18 +248,24 @@ def expand_std_path(pattern: str | None, job: SlurmJob) -> str | None:
     return re.sub(r"%(\d*)([jAaxuN%])", fill, pattern)
 
 
+def json_job_id(raw: Mapping[str, Any], numeric: int) -> tuple[str, int | None, int | None]:
+    """(job id as squeue prints it, array job id, array task id) of a `--json` job record
+    whose numeric `job_id` is `numeric`."""
+    array_job = slurm_int(raw.get("array_job_id")) or None  # 0 means "not an array"
+    array_task = slurm_int(raw.get("array_task_id")) if array_job else None
+    if array_job and array_task is not None:
+        return f"{array_job}_{array_task}", array_job, array_task
+    if array_job and raw.get("array_task_string"):
+        # a pending meta record
+        return f"{array_job}_[{raw['array_task_string']}]", array_job, array_task
+    return str(numeric), array_job, array_task
+
+
 def job_from_json(raw: Mapping[str, Any]) -> SlurmJob:
     numeric = slurm_int(raw.get("job_id"))
     if numeric is None:
         raise SlurmParseError(f"job without a job_id: {sorted(raw)[:8]}")
-    array_job = slurm_int(raw.get("array_job_id")) or None  # 0 means "not an array"
-    array_task = slurm_int(raw.get("array_task_id")) if array_job else None
-    if array_job and array_task is not None:
-        job_id = f"{array_job}_{array_task}"
-    elif array_job and raw.get("array_task_string"):
-        job_id = f"{array_job}_[{raw['array_task_string']}]"  # a pending meta record
-    else:
-        job_id = str(numeric)
+    job_id, array_job, array_task = json_job_id(raw, numeric)
     state_value = raw.get("job_state") or "UNKNOWN"
     states = state_value if isinstance(state_value, list) else [state_value]
     state, flags = split_job_state(states)
@@ -449,15 +455,17 @@ def parse_scontrol_records(text: str) -> list[dict[str, str]]:
     return records
 
 
-def _null(value: str | None) -> str | None:
+def null_text(value: Any) -> str | None:
+    """Text as Slurm prints it, with its spellings of "nothing" ('(null)', 'N/A', 'None',
+    '') as None."""
     if value is None:
         return None
-    value = value.strip()
-    return None if value in {"", "(null)", "N/A", "None"} else value
+    text = str(value).strip()
+    return None if text in {"", "(null)", "N/A", "None"} else text
 
 
 def _int_field(record: Mapping[str, str], key: str) -> int | None:
-    value = _null(record.get(key))
+    value = null_text(record.get(key))
     if value is None:
         return None
     head = value.split("-")[0]  # NumNodes=4-4 on pending jobs
@@ -469,7 +477,7 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
         raise SlurmParseError("scontrol job record without JobId")
     numeric = int(record["JobId"])
     array_job = _int_field(record, "ArrayJobId")
-    task_text = _null(record.get("ArrayTaskId"))
+    task_text = null_text(record.get("ArrayTaskId"))
     # A pending array's meta record has a task range (ArrayTaskId=0-1), not one task:
     # name it like squeue does (5_[0-1]) rather than as its first task.
     array_task = int(task_text) if task_text and task_text.isdigit() else None
@@ -481,14 +489,14 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
         job_id = str(numeric)
     state, flags = split_job_state([record.get("JobState", "UNKNOWN")])
     tasks_per_node = None
-    ntasks = _null(record.get("NtasksPerN:B:S:C"))
+    ntasks = null_text(record.get("NtasksPerN:B:S:C"))
     if ntasks:
         head = ntasks.split(":")[0]
         tasks_per_node = int(head) if head.isdigit() and int(head) > 0 else None
-    user = _null(record.get("UserId"))
-    exit_text = _null(record.get("ExitCode"))
-    requeue = _null(record.get("Requeue"))
-    batch = _null(record.get("BatchFlag"))
+    user = null_text(record.get("UserId"))
+    exit_text = null_text(record.get("ExitCode"))
+    requeue = null_text(record.get("Requeue"))
+    batch = null_text(record.get("BatchFlag"))
     return SlurmJob(
         job_id=job_id,
         numeric_id=numeric,
@@ -496,25 +504,25 @@ def job_from_scontrol(record: Mapping[str, str]) -> SlurmJob:
         array_task_id=array_task if array_job else None,
         name=record.get("JobName", ""),
         user=user.split("(")[0] if user else None,
-        partition=_null(record.get("Partition")),
+        partition=null_text(record.get("Partition")),
         state=state,
         state_flags=flags,
-        state_reason=_null(record.get("Reason")),
-        nodes=expand_hosts(_null(record.get("NodeList"))),
+        state_reason=null_text(record.get("Reason")),
+        nodes=expand_hosts(null_text(record.get("NodeList"))),
         node_count=_int_field(record, "NumNodes"),
         tasks=_int_field(record, "NumTasks"),
         tasks_per_node=tasks_per_node,
-        excluded_nodes=expand_hosts(_null(record.get("ExcNodeList"))),
-        required_nodes=expand_hosts(_null(record.get("ReqNodeList"))),
-        comment=(_null(record.get("Comment")) or ""),
-        stdout_path=_null(record.get("StdOut")),
-        stderr_path=_null(record.get("StdErr")),
-        work_dir=_null(record.get("WorkDir")),
+        excluded_nodes=expand_hosts(null_text(record.get("ExcNodeList"))),
+        required_nodes=expand_hosts(null_text(record.get("ReqNodeList"))),
+        comment=(null_text(record.get("Comment")) or ""),
+        stdout_path=null_text(record.get("StdOut")),
+        stderr_path=null_text(record.get("StdErr")),
+        work_dir=null_text(record.get("WorkDir")),
         requeue=(requeue == "1") if requeue is not None else None,
         restarts=_int_field(record, "Restarts") or 0,
         batch=(batch == "1") if batch is not None else None,
         priority=_int_field(record, "Priority"),
-        batch_host=_null(record.get("BatchHost")),
+        batch_host=null_text(record.get("BatchHost")),
         exit=ExitStatus.from_colon(exit_text) if exit_text else None,
     )
 
@@ -523,7 +531,7 @@ def node_from_scontrol(record: Mapping[str, str]) -> SlurmNode:
     if "NodeName" not in record:
         raise SlurmParseError("scontrol node record without NodeName")
     state, flags = split_node_state([record.get("State", "UNKNOWN")])
-    reason = _null(record.get("Reason"))
+    reason = null_text(record.get("Reason"))
     reason_user = None
     if reason:
         # 'Xid 79 [root@2026-11-29T22:40:13]': scontrol appends who set it and when.
@@ -531,7 +539,7 @@ def node_from_scontrol(record: Mapping[str, str]) -> SlurmNode:
         if stamp:
             reason_user = stamp.group(0).strip().strip("[]").split("@")[0] or None
             reason = reason[: stamp.start()].strip() or None
-    partitions = _null(record.get("Partitions"))
+    partitions = null_text(record.get("Partitions"))
     return SlurmNode(
         name=record["NodeName"],
         state=state,
@@ -539,8 +547,8 @@ def node_from_scontrol(record: Mapping[str, str]) -> SlurmNode:
         reason=reason,
         reason_user=reason_user,
         partitions=partitions.split(",") if partitions else [],
-        gres=_null(record.get("Gres")),
+        gres=null_text(record.get("Gres")),
         cpus=_int_field(record, "CPUTot"),
-        hostname=_null(record.get("NodeHostName")),
-        address=_null(record.get("NodeAddr")),
+        hostname=null_text(record.get("NodeHostName")),
+        address=null_text(record.get("NodeAddr")),
     )

@@ -48,6 +48,7 @@ from trainmedic.adapters.slurm.errors import (
 )
 from trainmedic.adapters.slurm.parse import (
     expand_hosts,
+    null_text,
     parse_version,
     split_job_state,
     split_node_state,
@@ -133,13 +134,6 @@ def pyslurm_release(module: ModuleType) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- objects
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    text = str(value).strip()
-    return None if text in {"", "(null)", "None", "N/A"} else text
-
-
 def _int(value: Any) -> int | None:
     if value is None or isinstance(value, bool):
         return None
@@ -157,7 +151,7 @@ def _reason(value: Any) -> str | None:
     """pyslurm gives the job's state description when Slurm set one ("job requeued in
     held state"), else the reason's name; scontrol prints the same text with each space
     made '_' (job_requeued_in_held_state), which is what trainmedic matches on."""
-    text = _text(value)
+    text = null_text(value)
     return "_".join(text.split()) if text else None
 
 
@@ -165,53 +159,58 @@ def _gres(value: Any) -> str | None:
     """pyslurm gives configured gres as a dict ({'gpu': 8}); Slurm's text is 'gpu:8'."""
     if isinstance(value, Mapping):
         return ",".join(f"{key}:{count}" for key, count in value.items()) or None
-    return _text(value)
+    return null_text(value)
+
+
+def _job_id(job: Any) -> tuple[str, int | None, int | None]:
+    """(job id as squeue prints it, array job id, array task id) of a `pyslurm.Job`."""
+    array_job = _int(job.array_id) or None
+    array_task = _int(job.array_task_id) if array_job else None
+    waiting = null_text(getattr(job, "array_tasks_waiting", None))
+    if array_job and array_task is None and not waiting:
+        array_task = 0  # pyslurm reads a task id of 0 as "unset"
+    if array_job and array_task is not None:
+        return f"{array_job}_{array_task}", array_job, array_task
+    if array_job and waiting:
+        # a pending array's meta record, as squeue
+        return f"{array_job}_[{waiting}]", array_job, array_task
+    return str(int(job.id)), array_job, array_task
 
 
 def job_from_pyslurm(job: Any) -> SlurmJob:
     """A `pyslurm.Job` as trainmedic's `SlurmJob`, normalised like scontrol's output."""
     numeric = int(job.id)
-    array_job = _int(job.array_id) or None
-    array_task = _int(job.array_task_id) if array_job else None
-    waiting = _text(getattr(job, "array_tasks_waiting", None))
-    if array_job and array_task is None and not waiting:
-        array_task = 0  # pyslurm reads a task id of 0 as "unset"
-    if array_job and array_task is not None:
-        job_id = f"{array_job}_{array_task}"
-    elif array_job and waiting:
-        job_id = f"{array_job}_[{waiting}]"  # a pending array's meta record, as squeue
-    else:
-        job_id = str(numeric)
+    job_id, array_job, array_task = _job_id(job)
     state, flags = split_job_state([str(job.state or "UNKNOWN")])
     code, signal = _int(job.exit_code), _int(job.exit_code_signal)
-    stdout = _text(job.standard_output)
+    stdout = null_text(job.standard_output)
     return SlurmJob(
         job_id=job_id,
         numeric_id=numeric,
         array_job_id=array_job,
         array_task_id=array_task,
         name=str(job.name or ""),
-        user=_text(job.user_name),
-        partition=_text(job.partition),
+        user=null_text(job.user_name),
+        partition=null_text(job.partition),
         state=state,
         state_flags=flags,
         state_reason=_reason(job.state_reason),
-        nodes=expand_hosts(_text(job.allocated_nodes)),
+        nodes=expand_hosts(null_text(job.allocated_nodes)),
         node_count=_int(job.num_nodes),
         tasks=_int(job.ntasks),
         tasks_per_node=_int(job.ntasks_per_node) or None,
-        excluded_nodes=expand_hosts(_text(job.excluded_nodes)),
-        required_nodes=expand_hosts(_text(job.required_nodes)),
+        excluded_nodes=expand_hosts(null_text(job.excluded_nodes)),
+        required_nodes=expand_hosts(null_text(job.required_nodes)),
         comment=str(job.comment or ""),
         stdout_path=stdout,
         # Unset stderr goes to the stdout file (as the JSON parser reads it too).
-        stderr_path=_text(job.standard_error) or stdout,
-        work_dir=_text(job.working_directory),
+        stderr_path=null_text(job.standard_error) or stdout,
+        work_dir=null_text(job.working_directory),
         requeue=_bool(job.is_requeueable),
         restarts=_int(job.requeue_count) or 0,
         batch=_bool(job.is_batch_job),
         priority=_int(job.priority),
-        batch_host=_text(job.batch_host),
+        batch_host=null_text(job.batch_host),
         exit=(
             ExitStatus(code=None, signal=signal)
             if signal
@@ -225,33 +224,35 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
 def node_from_pyslurm(node: Any) -> SlurmNode:
     """A `pyslurm.Node` as trainmedic's `SlurmNode` ('IDLE+DRAIN' -> IDLE, [DRAIN])."""
     state, flags = split_node_state([str(node.state or "UNKNOWN")])
-    reason = _text(node.reason)
+    reason = null_text(node.reason)
     return SlurmNode(
         name=str(node.name),
         state=state,
         state_flags=flags,
         reason=reason,
-        reason_user=_text(node.reason_user) if reason else None,
+        reason_user=null_text(node.reason_user) if reason else None,
         partitions=[str(p) for p in (node.partitions or [])],
         gres=_gres(node.configured_gres),
         cpus=_int(node.total_cpus),
-        hostname=_text(node.hostname),
-        address=_text(getattr(node, "address", None)),
+        hostname=null_text(node.hostname),
+        address=null_text(getattr(node, "address", None)),
     )
 
 
 # ----------------------------------------------------------------------------- transport
 
 
-class _Field:
+def _split_field(item: str) -> tuple[str, str]:
     """`Key=Value` of an scontrol argv element (the value may itself hold '=')."""
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise SlurmInvalidArgument(f"expected Key=Value, got {item!r}")
+    return key.lower(), value
 
-    @staticmethod
-    def split(item: str) -> tuple[str, str]:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SlurmInvalidArgument(f"expected Key=Value, got {item!r}")
-        return key.lower(), value
+
+def _rpc_message(error: Exception) -> str:
+    """libslurm's message of a pyslurm error (the text scontrol would print)."""
+    return str(getattr(error, "msg", None) or error)
 
 
 class PySlurmRunner:
@@ -286,7 +287,7 @@ class PySlurmRunner:
         if "_" not in job_id:
             return self._pyslurm.Job(int(job_id))
         for job in self._pyslurm.Jobs.load().values():
-            if job.array_id and job_from_pyslurm(job).job_id == job_id:
+            if job.array_id and _job_id(job)[0] == job_id:
                 return self._pyslurm.Job(int(job.id))
         raise NoSuchJob(f"job {job_id} not found", argv=["pyslurm", "job", job_id])
 
@@ -315,8 +316,8 @@ class PySlurmRunner:
                 job.release()
             return
         if len(args) >= 4 and args[:2] == ["scontrol", "update"]:
-            key, target = _Field.split(args[2])
-            changes = dict(_Field.split(item) for item in args[3:])
+            key, target = _split_field(args[2])
+            changes = dict(_split_field(item) for item in args[3:])
             if key == "nodename":
                 self._update_node(target, changes)
                 return
@@ -359,7 +360,7 @@ class PySlurmRunner:
             try:
                 self._perform(argv)
             except pyslurm.RPCError as error:
-                return 1, str(getattr(error, "msg", None) or error)
+                return 1, _rpc_message(error)
             return 0, ""
 
         returncode, stderr = await self.call(perform, " ".join(argv), timeout)
@@ -394,7 +395,6 @@ class PySlurmBackend(SlurmCli):
             poll_interval=poll_interval,
         )
         self._pyslurm = module
-        self._checked = False
 
     @classmethod
     def open(cls, slurm_conf: Path | None = None, *, timeout: float = 45.0) -> PySlurmBackend:
@@ -411,8 +411,7 @@ class PySlurmBackend(SlurmCli):
     # ------------------------------------------------------------------ plumbing
 
     def _rpc_error(self, what: str, error: Exception) -> SlurmError:
-        message = str(getattr(error, "msg", None) or error)
-        return classify(["pyslurm", *what.split()], None, message)
+        return classify(["pyslurm", *what.split()], None, _rpc_message(error))
 
     async def _run(self, argv: list[str], *, check_stderr_errors: bool = False) -> CompletedCommand:
         """An effect's request, performed by `PySlurmRunner`; a failure is classified with
@@ -449,10 +448,9 @@ class PySlurmBackend(SlurmCli):
                 + INSTALL_HINT
             )
         self._version = running
-        self._checked = True
 
     async def _ensure_release(self) -> SlurmVersion:
-        if not self._checked or self._version is None:
+        if self._version is None:
             running = await self._calls.call(
                 self._controller_version, "slurmctld config", self._timeout
             )
@@ -482,9 +480,8 @@ class PySlurmBackend(SlurmCli):
             if "_" not in job_id:
                 return job_from_pyslurm(pyslurm.Job.load(int(job_id)))
             for job in pyslurm.Jobs.load().values():  # an array task, by A_T
-                found = job_from_pyslurm(job)
-                if found.job_id == job_id:
-                    return found
+                if _job_id(job)[0] == job_id:
+                    return job_from_pyslurm(job)
             raise NoSuchJob(f"pyslurm: job {job_id} not found", argv=["pyslurm", job_id])
 
         return await self._read(load, f"load job {job_id}")

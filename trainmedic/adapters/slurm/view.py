@@ -19,7 +19,6 @@ construction (tests/unit/test_slurm_watcher.py checks it on captured output).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -33,6 +32,8 @@ from trainmedic.adapters.slurm.errors import SlurmParseError, classify
 from trainmedic.adapters.slurm.parse import (
     clean_text,
     exit_from_json,
+    json_job_id,
+    load_json,
     node_reason,
     parse_sinfo_json,
     raise_json_errors,
@@ -166,14 +167,7 @@ def lean_job(raw: Mapping[str, Any]) -> JobView:
     numeric = slurm_int(raw.get("job_id"))
     if numeric is None:
         raise SlurmParseError("squeue --json: a job without job_id")
-    array_job = slurm_int(raw.get("array_job_id")) or None
-    array_task = slurm_int(raw.get("array_task_id")) if array_job else None
-    if array_job and array_task is not None:
-        job_id = f"{array_job}_{array_task}"
-    elif array_job and raw.get("array_task_string"):
-        job_id = f"{array_job}_[{raw['array_task_string']}]"
-    else:
-        job_id = str(numeric)
+    job_id = json_job_id(raw, numeric)[0]
     state_value = raw.get("job_state") or "UNKNOWN"
     states = tuple(state_value) if isinstance(state_value, list) else (str(state_value),)
     state, flags = _job_state(states)
@@ -255,24 +249,14 @@ _SQUEUE_DECODER = msgspec.json.Decoder(_MSqueue)
 _SINFO_DECODER = msgspec.json.Decoder(_MSinfo)
 
 
-def _plain(text: str | bytes, what: str) -> dict[str, Any]:
-    try:
-        plain = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmParseError(f"{what}: output is not JSON ({exc})") from exc
-    if not isinstance(plain, dict):
-        raise SlurmParseError(f"{what}: expected a JSON object")
-    raise_json_errors(plain, what)
-    return plain
-
-
 def _records(
     text: str | bytes, what: str, key: str, decoder: Any, use_msgspec: bool
 ) -> Iterable[Mapping[str, Any]] | None:
     """The command's `key` records as plain mappings, one at a time (None when the
     output has no such list), after Slurm's own `errors` are raised."""
     if not use_msgspec:
-        plain = _plain(text, what)
+        plain = load_json(text, what)
+        raise_json_errors(plain, what)
         records = plain.get(key)
         return records if isinstance(records, list) else None
     try:
