@@ -16,6 +16,8 @@ benign and self_written every dangerous error and false alarm fails.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from functools import cache
 from pathlib import Path
@@ -137,3 +139,17 @@ def test_only_the_eval_split_may_accept_dangerous_errors() -> None:
 def test_benign_split_holds_only_benign_cases() -> None:
     report = _report("benign")
     assert report.failures == 0, [r.file for r in report.results if not r.benign]
+
+
+@pytest.mark.parametrize("split", ["tune", "eval"])
+def test_the_split_is_made_by_source(split: str) -> None:
+    # Made once, by source (tests/corpus/real/README.md): a case goes to eval when the
+    # first hex digit of sha1(source URL) is 0 or a-f. A case filed in the wrong folder
+    # would let rules be tuned on held-out text, or hide a source's twin in the other half.
+    misfiled = []
+    for line in (REAL / split / "labels.jsonl").read_text().splitlines():
+        label = json.loads(line)
+        first = hashlib.sha1(label["source"].encode()).hexdigest()[0]
+        if ("eval" if first in "0abcdef" else "tune") != split:
+            misfiled.append(label["file"])
+    assert misfiled == []

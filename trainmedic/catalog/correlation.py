@@ -1,7 +1,8 @@
 """Who logged a line: rank, local rank, Slurm task, node and GPU, from prefixes and text.
 
 Handles the shapes real jobs print: `srun -l` labels (`  3: `), PyTorch's `[rank12]:`,
-torchrun's `[default0]:`, mpirun's `[1,5]<stderr>:`, pdsh/deepspeed `gpu03: `, NCCL's
+torchrun's `[default0]:`,
+Lightning's `[rank: 1] `, mpirun's `[1,5]<stderr>:`, pdsh/deepspeed `gpu03: `, NCCL's
 `host:pid:tid [dev]`, syslog/journal `Mar  3 10:01:02 gpu03 kernel:` (also quoted inside a
 line: `Xid errors on instance: ip-26-0-1-2, Error: May 19 07:08:57 ip-26-0-1-2 kernel: ...`),
 Slurm's `srun: error: gpu03: task 24: ...` and `slurmstepd-gpu03: error: ...`, Ray's
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from trainmedic.domain.hostlist import NODE_NAME
 
 _SRUN_LABEL = re.compile(r"^\s{0,6}(\d{1,6}): ")
-_RANK = re.compile(r"^\[rank(\d{1,6})\]:")
+# PyTorch's "[rank12]:", and Lightning's rank-prefixed messages "[rank: 1] ".
+_RANK = re.compile(r"^\[rank(?:: )?(\d{1,6})\](?::|(?= ))")
 _DEFAULT = re.compile(r"^\[(?:default|worker|trainer)(\d{1,4})\]:")
 _MPI = re.compile(r"^\[\d+,(\d{1,6})\]<std(?:out|err)>:")
 # pdsh/deepspeed "gpu03: ", or a crash handler's (UCX, glog) "[host:pid :thread:tid] ".

@@ -154,39 +154,41 @@ class Attributor:
         line_no: int,
     ) -> None:
         for match in matches:
-            node, rank = ctx.node, ctx.rank
-            explicit = node is not None and not ctx.node_from_layout
-            # What the line names beats who logged it: "[rank0]: ... around rank 39".
-            if match.rank is not None:
-                rank = match.rank
-            if match.host and (named := topo.plausible_host(match.host)):
-                node, explicit = named, True
-                if match.rule.role is Role.CONTEXT:
-                    col.fallback_hosts.append(named)
-            gpu = ctx.gpu
-            if gpu is None and match.pci:
-                # An Xid names its GPU by PCI bus id; the node's table gives the index.
-                gpu = topo.gpu_of(node, match.pci)
-            col.seq += 1
-            col.add(
-                Finding(
-                    rule=match.rule,
-                    evidence=Evidence(
-                        source=source,
-                        text=clip(text),
-                        file=file,
-                        line_no=line_no,
-                        rule_id=match.rule.id,
-                        node=node,
-                        rank=rank,
-                        gpu=gpu,
-                    ),
-                    order=(file_index, line_no, col.seq),
-                    xid=match.xid,
-                    seq=match.seq,
-                    named=explicit,
+            # A line may name several ranks ("[missing ranks: 3, 6]"): one finding each.
+            for named_rank in match.ranks or (match.rank,):
+                node, rank = ctx.node, ctx.rank
+                explicit = node is not None and not ctx.node_from_layout
+                # What the line names beats who logged it: "[rank0]: ... around rank 39".
+                if named_rank is not None:
+                    rank = named_rank
+                if match.host and (named := topo.plausible_host(match.host)):
+                    node, explicit = named, True
+                    if match.rule.role is Role.CONTEXT:
+                        col.fallback_hosts.append(named)
+                gpu = ctx.gpu
+                if gpu is None and match.pci:
+                    # An Xid names its GPU by PCI bus id; the node's table gives the index.
+                    gpu = topo.gpu_of(node, match.pci)
+                col.seq += 1
+                col.add(
+                    Finding(
+                        rule=match.rule,
+                        evidence=Evidence(
+                            source=source,
+                            text=clip(text),
+                            file=file,
+                            line_no=line_no,
+                            rule_id=match.rule.id,
+                            node=node,
+                            rank=rank,
+                            gpu=gpu,
+                        ),
+                        order=(file_index, line_no, col.seq),
+                        xid=match.xid,
+                        seq=match.seq,
+                        named=explicit,
+                    )
                 )
-            )
 
     def _scan_file(self, col: _Collector, path: str, index: int, topo: Topology) -> None:
         scanner = Scanner(self.matcher)

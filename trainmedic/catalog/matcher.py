@@ -52,6 +52,8 @@ class LineMatch:
     # What the line itself names (a pattern's named groups): "Rank 1 is running ...",
     # "Worker IP address: 10.0.7.57", "SeqNum=70002".
     rank: int | None = None
+    # A list of ranks the line names ("[missing ranks: 3, 6]"); each is blamed alike.
+    ranks: tuple[int, ...] = ()
     host: str | None = None
     seq: int | None = None
 
@@ -140,11 +142,16 @@ def _number(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
 
+def _numbers(text: str | None) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", text)) if text else ()
+
+
 def _with_captures(rule: Rule, hit: re.Match[str]) -> LineMatch:
     groups = hit.groupdict()
     return LineMatch(
         rule,
         rank=_number(groups.get("rank")),
+        ranks=_numbers(groups.get("ranks")),
         host=groups.get("host") or None,
         seq=_number(groups.get("seq")),
     )

@@ -21,7 +21,7 @@ class CatalogError(ValueError):
 # Named groups a pattern may capture: who the line is about, when the line itself says
 # so ("Rank 1 is running collective", "Worker IP address: 10.0.7.57", "SeqNum=70002"); the
 # generated Xid rules capture the Xid number and the GPU's PCI address.
-CAPTURE_GROUPS = frozenset({"rank", "host", "seq", "xid", "pci"})
+CAPTURE_GROUPS = frozenset({"rank", "ranks", "host", "seq", "xid", "pci"})
 
 
 class Pattern(BaseModel):
