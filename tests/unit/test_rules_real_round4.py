@@ -147,17 +147,17 @@ CASES = [
         "torch.pg_not_initialized",
     ),
     (
-        "d-007 the script's own NaN guard: a person decides",
+        "d-007 the script's own NaN guard: the run diverged, a restart replays it",
         "Loss is nan, stopping training",
         Category.USER_CODE,
-        Action.ESCALATE,
+        Action.STOP,
         "python.nan_loss",
     ),
     (
-        "d-057 autograd anomaly mode found a NaN: a person decides",
+        "d-057 autograd anomaly mode found a NaN: the run diverged, a restart replays it",
         "RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.",
         Category.USER_CODE,
-        Action.ESCALATE,
+        Action.STOP,
         "python.nan_loss",
     ),
 ]

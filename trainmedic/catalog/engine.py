@@ -55,6 +55,10 @@ _ISOLATING = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
 _SAYS_WHERE = (Action.ESCALATE, Action.STOP)  # name the node, with no effect on it
 _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes
 _ELASTIC_BLOCK_LINES = 12
+_TRACEBACK_LINES = 80
+# A collective timeout whose sequence number is this low struck the job's first
+# collectives (the barrier and parameter broadcast that follow set-up).
+_START_UP_SEQ = 3  # how far above its exception a traceback's frame may sit
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
@@ -331,6 +335,16 @@ class Attributor:
         same = [f for f in roots if f.rule.category is rule.category]
         confidence = rule.confidence
         action = rule.action
+        category, transient = rule.category, rule.transient
+        notes: list[str] = []
+        if category is Category.USER_CODE and (
+            frame := _context_above(primary, col.all(), "checkpoint.resume_frame")
+        ):
+            # The program's error came out of a checkpoint loader: the saved state does not
+            # fit this run, and every restart loads it again.
+            category, action, transient = Category.CHECKPOINT, Action.STOP, False
+            notes.append("raised while loading a checkpoint")
+            others = [frame, *others]
         nodes: list[str] = []
         if rule.blames_node:
             for f in same:
@@ -355,7 +369,6 @@ class Attributor:
                 if f.rule.blames_node and f.evidence.node and f.evidence.gpu is not None
             }
         )
-        notes: list[str] = []
         if rule.blames_node and not nodes and col.hosts():
             nodes = col.hosts()
         if rule.blames_node:
@@ -385,6 +398,8 @@ class Attributor:
             confidence -= 0.05
         if not ranks and col.elastic() and not rule.blames_node:
             ranks = col.elastic()
+        if not ranks and (header := _context_above(primary, col.all(), "python.traceback_of_rank")):
+            ranks = [header.evidence.rank] if header.evidence.rank is not None else []
         if not ranks:
             # Any line of the winning cause may sit next to the rank's prefix (a kernel's
             # assertion lines come first, the RuntimeError near "destroyed on rank 0").
@@ -397,12 +412,12 @@ class Attributor:
         if notes:
             summary += "; " + "; ".join(notes)
         return Diagnosis(
-            category=rule.category,
+            category=category,
             action=action,
             culprit_nodes=nodes,
             culprit_ranks=sorted(ranks)[:64],
             culprit_gpus=gpus,
-            transient=rule.transient,
+            transient=transient,
             confidence=round(max(0.05, min(1.0, confidence)), 2),
             evidence=[f.evidence for f in evidence],
             rule_ids=list(dict.fromkeys(f.rule.id for f in evidence)),
@@ -415,20 +430,33 @@ class Attributor:
     ) -> Diagnosis:
         cascades.sort(key=lambda f: (-f.rule.confidence, f.order))
         rule = cascades[0].rule
+        category, action, transient = rule.category, rule.action, rule.transient
+        summary = f"{rule.title} (a symptom: no local root error found)"
+        seqs = [f.seq for f in cascades if f.seq is not None]
+        if seqs and max(seqs) <= _START_UP_SEQ:
+            # The ranks never all reached their first collectives (tune g-025, g-033: one
+            # rank still preprocessing data, ranks on different code paths): a restart meets
+            # the same start-up. Whether the code, the data or the network kept them apart
+            # is for a person; none of those is restarted blindly.
+            category, action, transient = Category.HANG, Action.ESCALATE, None
+            summary = (
+                f"{rule.title} at start-up (collective #{max(seqs)}): the ranks never all "
+                "reached their first collectives"
+            )
         ranks = _lagging_ranks(cascades) or col.elastic()
-        nodes = _where(cascades, col) if rule.action is Action.ESCALATE else []
+        nodes = _where(cascades, col) if action is Action.ESCALATE else []
         evidence = self._pick_evidence(cascades, confirms)
         return Diagnosis(
-            category=rule.category,
-            action=rule.action,
+            category=category,
+            action=action,
             culprit_nodes=nodes,
             culprit_ranks=ranks,
-            transient=rule.transient,
+            transient=transient,
             confidence=round(min(rule.confidence, 0.45), 2),
             evidence=[f.evidence for f in evidence],
             rule_ids=list(dict.fromkeys(f.rule.id for f in evidence)),
             catalog_version=self.catalog.version,
-            summary=f"{rule.title} (a symptom: no local root error found)",
+            summary=summary,
         )
 
     def _unknown(
@@ -495,6 +523,20 @@ def _neighbour_rank(finding: Finding, findings: list[Finding]) -> int | None:
         and abs(f.order[1] - line) <= _NEIGHBOUR_LINES
     }
     return near.pop() if len(near) == 1 else None
+
+
+def _context_above(primary: Finding, findings: list[Finding], rule_id: str) -> Finding | None:
+    """The nearest line of context rule `rule_id` shortly above the winning error line in
+    the same file (a frame or a header of the traceback that ends in it), if any."""
+    if primary.evidence.source is not EvidenceSource.LOG:
+        return None
+    file, line = primary.order[0], primary.order[1]
+    above = [
+        f
+        for f in findings
+        if f.rule.id == rule_id and f.order[0] == file and 0 < line - f.order[1] <= _TRACEBACK_LINES
+    ]
+    return max(above, key=lambda f: f.order, default=None)
 
 
 def _lagging_ranks(findings: list[Finding]) -> list[int]:

@@ -1,0 +1,135 @@
+"""Tuning round 7 on tests/corpus/real/tune: where in a traceback an error was raised, the
+header naming whose traceback it is, a collective timeout at start-up, and the fabric
+stack's own words (AWS OFI, libfabric's ENOMEM, the GPU's firmware, /dev/shm files).
+
+Each line is published text from the tune case named beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainmedic.catalog import Attributor
+from trainmedic.domain import Action, AttributionRequest, Category, Diagnosis
+
+ENGINE = Attributor()
+
+# tune/g-014.log: torch's distributed checkpoint fails to load a key on rank 3.
+DCP_LOAD = [
+    "Traceback (most recent call last): (RANK 3)",
+    '  File "/opt/conda/envs/pytorch/lib/python3.9/site-packages/torch/distributed/_shard/'
+    'checkpoint/utils.py", line 140, in reduce_scatter',
+    "    local_data = map_fun()",
+    '  File "/opt/conda/envs/pytorch/lib/python3.9/site-packages/torch/distributed/_shard/'
+    'checkpoint/state_dict_loader.py", line 89, in local_step',
+    "    local_plan = planner.create_local_plan()",
+    "    md = metadata.state_dict_metadata[fqn]",
+    "KeyError: 'pos_embedding'",
+]
+# tune/g-016.log: torch.multiprocessing.spawn's header above process 1's traceback.
+SPAWN_NAN = [
+    "-- Process 1 terminated with the following error:",
+    "Traceback (most recent call last):",
+    '  File "/home/alfrid/.virtualenvs/jupyter/lib/python3.6/site-packages/detectron2/engine/'
+    'train_loop.py", line 239, in _detect_anomaly',
+    "    self.iter, loss_dict",
+    "FloatingPointError: Loss became infinite or NaN at iteration=137!",
+]
+# tune/g-033.log: the very first broadcast times out while another rank is still starting.
+FIRST_BROADCAST = (
+    "[rank3]:[E1119 13:21:12.512781555 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, "
+    "NumelOut=1, Timeout(ms)=1800000) ran for 1800000 milliseconds before timing out."
+)
+# tune/g-021.log (aws-ofi-nccl on a p4d).
+EFA_ENOMEM = (
+    "libfabric:17778:1732779731::efa:cq:efa_cq_ibv_cq_ex_open_with_ibv_create_cq_ex():92<warn> "
+    "Unable to create extended CQ: Cannot allocate memory"
+)
+OFI_INIT_FAILED = (
+    "algo-1:17778:17848 [5] nccl_net_ofi_create_plugin:259 NCCL WARN NET/OFI aws-ofi-nccl "
+    "initialization failed"
+)
+# tune/g-040.log (dmesg of a GPU whose firmware stopped answering).
+GSP_TIMEOUT = [
+    "[   84.300488] NVRM: GPU6 _kgspLogRpcTimeout: ********************************* GSP "
+    "Timeout **********************************",
+    "[  101.209077] NVRM: GPU 0000:a1:00.0: RmInitAdapter failed! (0x62:0x40:2168)",
+]
+# tune/g-052.log: DataLoader workers share tensors through /dev/shm.
+SHM_FULL = (
+    "RuntimeError: unable to write to file </torch_8289_606636967_0>: No space left on device (28)"
+)
+
+
+def _diagnose(tmp_path: Path, lines: list[str]) -> Diagnosis:
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(lines) + "\n")
+    return ENGINE.attribute(AttributionRequest(log_paths=[str(log)]))
+
+
+def test_an_error_raised_inside_a_checkpoint_loader_is_a_resume_mismatch(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, DCP_LOAD)
+    assert (diagnosis.category, diagnosis.action) == (Category.CHECKPOINT, Action.STOP)
+    assert diagnosis.transient is False
+    assert "while loading a checkpoint" in diagnosis.summary
+    assert "checkpoint.resume_frame" in diagnosis.rule_ids
+    assert diagnosis.culprit_ranks == [3]  # from the traceback's "(RANK 3)" header
+
+
+def test_the_same_error_outside_a_loader_stays_the_programs(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, ["Traceback (most recent call last):", DCP_LOAD[-1]])
+    assert diagnosis.category is Category.USER_CODE
+    assert "checkpoint.resume_frame" not in diagnosis.rule_ids
+
+
+def test_a_loader_frame_far_above_the_error_is_another_traceback(tmp_path: Path) -> None:
+    lines = [*DCP_LOAD[:5], *(["step 10 loss 2.1"] * 100), DCP_LOAD[-1]]
+    assert _diagnose(tmp_path, lines).category is Category.USER_CODE
+
+
+def test_a_hardware_error_inside_a_loader_is_still_hardware(tmp_path: Path) -> None:
+    lines = [*DCP_LOAD[:5], "RuntimeError: CUDA error: uncorrectable ECC error encountered"]
+    assert _diagnose(tmp_path, lines).category is Category.GPU_MEMORY_ECC
+
+
+def test_spawn_header_names_the_process_of_the_traceback(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, SPAWN_NAN)
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+    assert diagnosis.rule_ids[0] == "python.nan_loss"
+    assert diagnosis.culprit_ranks == [1]
+
+
+def test_a_timeout_in_the_first_collectives_asks_a_person(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [FIRST_BROADCAST])
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+    assert "start-up" in diagnosis.summary
+
+
+def test_a_timeout_after_training_ran_is_still_restarted(tmp_path: Path) -> None:
+    later = FIRST_BROADCAST.replace("SeqNum=1,", "SeqNum=4,")
+    diagnosis = _diagnose(tmp_path, [later])
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
+
+
+def test_libfabric_enomem_is_not_host_oom(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [EFA_ENOMEM, OFI_INIT_FAILED])
+    assert diagnosis.category is Category.NETWORK_NCCL
+    assert diagnosis.rule_ids[0] == "nccl.ofi_setup_failure"
+    assert diagnosis.action is Action.ESCALATE
+    assert diagnosis.culprit_nodes == ["algo-1"]  # where to look; nothing is drained
+
+
+def test_gsp_timeout_drains_the_node(tmp_path: Path) -> None:
+    lines = [f"Mar  3 10:01:02 gpu07 kernel: {line.split('] ', 1)[1]}" for line in GSP_TIMEOUT]
+    diagnosis = _diagnose(tmp_path, lines)  # the syslog prefix is the test's, for the node
+    assert (diagnosis.category, diagnosis.action) == (
+        Category.GPU_HARDWARE,
+        Action.DRAIN_AND_RESTART,
+    )
+    assert diagnosis.culprit_nodes == ["gpu07"]
+
+
+def test_a_full_dev_shm_is_the_dataloaders_not_the_disks(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [SHM_FULL])
+    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
