@@ -1,6 +1,8 @@
-"""Tuning round 7 on tests/corpus/real/tune: where in a traceback an error was raised, the
-header naming whose traceback it is, a collective timeout at start-up, and the fabric
-stack's own words (AWS OFI, libfabric's ENOMEM, the GPU's firmware, /dev/shm files).
+"""Tuning rounds 7 and 8 on tests/corpus/real/tune: where in a traceback an error was
+raised (a checkpoint loader or saver), the header naming whose traceback it is, three
+shapes of a collective timeout that a restart meets again (at start-up, with the job's own
+short timeout, ranks out of step), and the words of the fabric stack (AWS OFI, libfabric's
+ENOMEM, the GPU's firmware, NVLink peer access, /dev/shm files) and of dying processes.
 
 Each line is published text from the tune case named beside it.
 """
@@ -133,3 +135,118 @@ def test_gsp_timeout_drains_the_node(tmp_path: Path) -> None:
 def test_a_full_dev_shm_is_the_dataloaders_not_the_disks(tmp_path: Path) -> None:
     diagnosis = _diagnose(tmp_path, [SHM_FULL])
     assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
+
+
+# tune/g-085.log: the job set a 60 s timeout while rank 0 scans its labels.
+SHORT_TIMEOUT = (
+    "[E ProcessGroupNCCL.cpp:567] [Rank 3] Watchdog caught collective operation timeout: "
+    "WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=60000) ran for 67434 milliseconds before timing out."
+)
+# tune/g-090.log: two ranks timed out in different collectives of one group.
+OUT_OF_STEP = [
+    "[E ProcessGroupNCCL.cpp:719] [Rank 0] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=7559, OpType=_ALLGATHER_BASE, Timeout(ms)=1800000) ran for 1806456 "
+    "milliseconds before timing out.",
+    "[E ProcessGroupNCCL.cpp:719] [Rank 1] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=7561, OpType=_ALLGATHER_BASE, Timeout(ms)=1800000) ran for 1806450 "
+    "milliseconds before timing out.",
+]
+# tune/g-066.log: Trainer renames its staging directory, racing another node.
+SAVE_RENAME = [
+    '  File "/home/pai/envs/llama_etuning/lib/python3.9/site-packages/transformers/trainer.py",'
+    " line 2388, in _save_checkpoint",
+    "    os.rename(staging_output_dir, output_dir)",
+    "FileNotFoundError: [Errno 2] No such file or directory: '/mnt/nas/abc/saved_model/"
+    "tmp-checkpoint-81' -> '/mnt/nas/abc/saved_model/checkpoint-81'",
+]
+# tune/g-074.log and g-096.log: how torchrun and torch.multiprocessing.spawn report a death.
+ELASTIC_SIGBUS = (
+    "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -7) local_rank: 2 "
+    "(pid: 3767) of binary: /usr/bin/python3"
+)
+SPAWN_SIGFPE = "Exception: process 2 terminated with signal SIGFPE"
+# tune/g-094.log, g-098.log, g-110.log.
+NVLINK_PEER = (
+    "[rank1]: RuntimeError: CUDA error: Invalid access of peer GPU memory over nvlink or a "
+    "hardware error"
+)
+NCCL_CONNECT = (
+    "tj1-asr-train-v100-13:941227:943077 [0] include/socket.h:390 NCCL WARN Connect to "
+    "10.38.10.112<21724> failed : Connection refused"
+)
+RAY_ACTOR_DIED = [
+    "[2025-05-10 00:18:27] ray.exceptions.ActorDiedError: The actor died unexpectedly before "
+    "finishing this task.",
+    "[2025-05-10 00:18:27] \tip: train-1316148307689748608-9zzm714v3bpc-worker-0",
+]
+
+
+def test_a_short_timeout_of_the_jobs_own_asks_a_person(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [SHORT_TIMEOUT])
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+    assert "after only 60 s" in diagnosis.summary
+    default = SHORT_TIMEOUT.replace("Timeout(ms)=60000", "Timeout(ms)=600000")
+    assert _diagnose(tmp_path, [default]).action is Action.RESTART
+
+
+def test_ranks_out_of_step_ask_a_person(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, OUT_OF_STEP)
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+    assert "out of step" in diagnosis.summary
+
+
+def test_a_few_ranks_behind_the_rest_are_a_straggler_not_out_of_step(tmp_path: Path) -> None:
+    # Three ranks wait in #7561 for the one still at #7559: it is named and restarted.
+    lines = [OUT_OF_STEP[0]] + [
+        OUT_OF_STEP[1].replace("[Rank 1]", f"[Rank {r}]") for r in (1, 2, 3)
+    ]
+    diagnosis = _diagnose(tmp_path, lines)
+    assert diagnosis.action is Action.RESTART and diagnosis.culprit_ranks == [0]
+
+
+def test_a_program_error_under_a_checkpoint_saver_fails_every_save(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, SAVE_RENAME)
+    assert (diagnosis.category, diagnosis.action) == (Category.CHECKPOINT, Action.STOP)
+    assert "while saving a checkpoint" in diagnosis.summary
+
+
+def test_a_full_disk_under_a_checkpoint_saver_stays_the_storages(tmp_path: Path) -> None:
+    full = [*SAVE_RENAME[:2], "OSError: [Errno 28] No space left on device"]
+    assert _diagnose(tmp_path, full).category is Category.STORAGE_IO
+
+
+def test_the_first_failed_local_rank_is_named_without_a_root_cause(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [ELASTIC_SIGBUS])
+    assert diagnosis.action is Action.ESCALATE and diagnosis.culprit_ranks == [2]
+
+
+def test_spawned_process_signals(tmp_path: Path) -> None:
+    fpe = _diagnose(tmp_path, [SPAWN_SIGFPE])
+    assert (fpe.category, fpe.action, fpe.culprit_ranks) == (
+        Category.CUDA_SOFTWARE,
+        Action.ESCALATE,
+        [2],
+    )
+    assert fpe.rule_ids[0] == "proc.native_crash"
+    killed = _diagnose(tmp_path, [SPAWN_SIGFPE.replace("SIGFPE", "SIGKILL")])
+    assert killed.rule_ids[0] == "proc.sigkill" and killed.culprit_ranks == [2]
+    assert _diagnose(tmp_path, [SPAWN_SIGFPE.replace("SIGFPE", "SIGSEGV")]).rule_ids[0] == (
+        "proc.segfault"
+    )
+
+
+def test_nvlink_peer_access_asks_a_person_before_draining(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [NVLINK_PEER])
+    assert (diagnosis.category, diagnosis.action) == (Category.NVLINK_FABRIC, Action.ESCALATE)
+    assert diagnosis.culprit_ranks == [1]
+
+
+def test_nccl_connect_refused_at_set_up_names_where(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [NCCL_CONNECT])
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
+    assert diagnosis.culprit_nodes == ["tj1-asr-train-v100-13"]
+
+
+def test_ray_actor_ip_field_may_be_a_pod_name(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, RAY_ACTOR_DIED)
+    assert diagnosis.culprit_nodes == ["train-1316148307689748608-9zzm714v3bpc-worker-0"]

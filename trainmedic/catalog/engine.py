@@ -56,9 +56,15 @@ _SAYS_WHERE = (Action.ESCALATE, Action.STOP)  # name the node, with no effect on
 _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes
 _ELASTIC_BLOCK_LINES = 12
 _TRACEBACK_LINES = 80
+_CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
 # A collective timeout whose sequence number is this low struck the job's first
 # collectives (the barrier and parameter broadcast that follow set-up).
-_START_UP_SEQ = 3  # how far above its exception a traceback's frame may sit
+_START_UP_SEQ = 3
+# PyTorch's default NCCL timeout is 10 or 30 minutes; one set below this is the job's own.
+_SHORT_TIMEOUT_MS = 300_000
+_TIMEOUT_MS = re.compile(
+    r"Timeout\(ms\)=(\d+)"
+)  # how far above its exception a traceback's frame may sit
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
@@ -70,6 +76,9 @@ class Finding:
     xid: int | None = None
     seq: int | None = None  # a collective's sequence number, where the line gives one
     named: bool = False  # the node is written on the line, not inferred from the layout
+    # The rank is what the rule's pattern reads off the line ("local_rank: 2"), not who
+    # logged it.
+    rank_named: bool = False
 
 
 @dataclass(slots=True)
@@ -191,6 +200,7 @@ class Attributor:
                         xid=match.xid,
                         seq=match.seq,
                         named=explicit,
+                        rank_named=named_rank is not None,
                     )
                 )
 
@@ -338,12 +348,12 @@ class Attributor:
         category, transient = rule.category, rule.transient
         notes: list[str] = []
         if category is Category.USER_CODE and (
-            frame := _context_above(primary, col.all(), "checkpoint.resume_frame")
+            frame := _context_above(primary, col.all(), *_CHECKPOINT_FRAMES)
         ):
-            # The program's error came out of a checkpoint loader: the saved state does not
-            # fit this run, and every restart loads it again.
+            # The program's error came out of a checkpoint loader (the saved state does not
+            # fit this run) or saver: every restart loads or saves the same way again.
             category, action, transient = Category.CHECKPOINT, Action.STOP, False
-            notes.append("raised while loading a checkpoint")
+            notes.append(frame.rule.title)
             others = [frame, *others]
         nodes: list[str] = []
         if rule.blames_node:
@@ -433,17 +443,37 @@ class Attributor:
         category, action, transient = rule.category, rule.action, rule.transient
         summary = f"{rule.title} (a symptom: no local root error found)"
         seqs = [f.seq for f in cascades if f.seq is not None]
+        limits = [int(m.group(1)) for f in cascades if (m := _TIMEOUT_MS.search(f.evidence.text))]
+        # Three shapes of a collective timeout that a restart meets again; whether the code,
+        # the data or the network kept the ranks apart is for a person, not a blind restart.
         if seqs and max(seqs) <= _START_UP_SEQ:
-            # The ranks never all reached their first collectives (tune g-025, g-033: one
-            # rank still preprocessing data, ranks on different code paths): a restart meets
-            # the same start-up. Whether the code, the data or the network kept them apart
-            # is for a person; none of those is restarted blindly.
+            # The ranks never all reached their first collectives (tune g-025, g-033, g-087:
+            # one rank still preprocessing or caching data, ranks on different code paths).
             category, action, transient = Category.HANG, Action.ESCALATE, None
             summary = (
                 f"{rule.title} at start-up (collective #{max(seqs)}): the ranks never all "
                 "reached their first collectives"
             )
-        ranks = _lagging_ranks(cascades) or col.elastic()
+        elif limits and max(limits) < _SHORT_TIMEOUT_MS:
+            # The job set its own timeout far below PyTorch's default (tune g-085, g-086: 60 s
+            # while rank 0 scans labels or validates alone): it fires at the same place again.
+            category, action, transient = Category.HANG, Action.ESCALATE, None
+            summary = (
+                f"{rule.title} after only {max(limits) // 1000} s: the job's own collective "
+                "timeout is shorter than the work one rank does alone"
+            )
+        elif _out_of_step(cascades) and not _lagging_ranks(cascades):
+            # Ranks of one group timed out in different collectives and no few of them are
+            # simply behind the rest (tune d-075, g-090): they issued different numbers of
+            # collectives (a code path or uneven data per rank). A few ranks behind everyone
+            # else are a straggler or the rank that stopped first (tune a-051): restarted.
+            category, action, transient = Category.HANG, Action.ESCALATE, None
+            summary = f"{rule.title}: the ranks are out of step (different collectives)"
+        # Who fell behind, whom torchelastic's summary names, or else the first rank a
+        # cascade's own words name ("failed (exitcode: -7) local_rank: 2", tune g-074);
+        # never every rank that printed its own timeout.
+        named = [f.evidence.rank for f in sorted(cascades, key=lambda f: f.order) if f.rank_named]
+        ranks = _lagging_ranks(cascades) or col.elastic() or [r for r in named[:1] if r is not None]
         nodes = _where(cascades, col) if action is Action.ESCALATE else []
         evidence = self._pick_evidence(cascades, confirms)
         return Diagnosis(
@@ -525,23 +555,24 @@ def _neighbour_rank(finding: Finding, findings: list[Finding]) -> int | None:
     return near.pop() if len(near) == 1 else None
 
 
-def _context_above(primary: Finding, findings: list[Finding], rule_id: str) -> Finding | None:
-    """The nearest line of context rule `rule_id` shortly above the winning error line in
-    the same file (a frame or a header of the traceback that ends in it), if any."""
+def _context_above(primary: Finding, findings: list[Finding], *rule_ids: str) -> Finding | None:
+    """The nearest line of one of the context rules `rule_ids` shortly above the winning
+    error line in the same file (a frame or a header of the traceback that ends in it)."""
     if primary.evidence.source is not EvidenceSource.LOG:
         return None
     file, line = primary.order[0], primary.order[1]
     above = [
         f
         for f in findings
-        if f.rule.id == rule_id and f.order[0] == file and 0 < line - f.order[1] <= _TRACEBACK_LINES
+        if f.rule.id in rule_ids
+        and f.order[0] == file
+        and 0 < line - f.order[1] <= _TRACEBACK_LINES
     ]
     return max(above, key=lambda f: f.order, default=None)
 
 
-def _lagging_ranks(findings: list[Finding]) -> list[int]:
-    """Ranks whose timed-out collective is behind everyone else's in the same process
-    group: the others wait for them (a straggler, or the rank that stopped first)."""
+def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
+    """Each process group's ranks and the (lowest) collective number they timed out in."""
     by_group: dict[str, dict[int, int]] = {}
     for f in findings:
         if f.seq is None or f.evidence.rank is None:
@@ -549,6 +580,19 @@ def _lagging_ranks(findings: list[Finding]) -> list[int]:
         pg = _PG.search(f.evidence.text)
         seqs = by_group.setdefault(pg.group(1) if pg else "", {})
         seqs[f.evidence.rank] = min(f.seq, seqs.get(f.evidence.rank, f.seq))
+    return by_group
+
+
+def _out_of_step(findings: list[Finding]) -> bool:
+    """Ranks of the one process group seen timed out in different collectives."""
+    by_group = _seqs_by_group(findings)
+    return len(by_group) == 1 and len(set(next(iter(by_group.values())).values())) > 1
+
+
+def _lagging_ranks(findings: list[Finding]) -> list[int]:
+    """Ranks whose timed-out collective is behind everyone else's in the same process
+    group: the others wait for them (a straggler, or the rank that stopped first)."""
+    by_group = _seqs_by_group(findings)
     if len(by_group) != 1:
         return []
     seqs = next(iter(by_group.values()))

@@ -543,7 +543,7 @@ def read_known_misses(path: Path) -> dict[str, dict[str, list[str]]]:
 
 def write_known_misses(path: Path, split: str, report: EvalReport) -> dict[str, list[str]]:
     """Record `report`'s misses as `split`'s entry of `path`, keeping the other splits
-    and any hand-kept aspect of this one (eval's accepted "dangerous" list: a person
+    and any hand-kept aspect of this one (the accepted "dangerous" list of eval or tune: a person
     decides it, so a regeneration must not drop it silently)."""
     splits = read_known_misses(path)
     hand_kept = {k: v for k, v in splits.get(split, {}).items() if k not in ASPECTS}
