@@ -1,4 +1,4 @@
-"""Tuning rounds 7 and 8 on tests/corpus/real/tune: where in a traceback an error was
+"""Tuning rounds 7 to 9 on tests/corpus/real/tune: where in a traceback an error was
 raised (a checkpoint loader or saver), the header naming whose traceback it is, three
 shapes of a collective timeout that a restart meets again (at start-up, with the job's own
 short timeout, ranks out of step), and the words of the fabric stack (AWS OFI, libfabric's
@@ -250,3 +250,46 @@ def test_nccl_connect_refused_at_set_up_names_where(tmp_path: Path) -> None:
 def test_ray_actor_ip_field_may_be_a_pod_name(tmp_path: Path) -> None:
     diagnosis = _diagnose(tmp_path, RAY_ACTOR_DIED)
     assert diagnosis.culprit_nodes == ["train-1316148307689748608-9zzm714v3bpc-worker-0"]
+
+
+# tune/g-127.log, g-142.log, g-131.log.
+PROLOG_FAILURE = [
+    "salloc: Prolog failure on node k003-006",
+    "salloc: Job allocation 235454 has been revoked.",
+]
+OUT_OF_STEP_MIXED = [
+    "[rank0]:[E1122 06:40:00.504052851 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=122, OpType=_REDUCE_SCATTER_BASE, "
+    "NumelIn=106343680, NumelOut=53171840, Timeout(ms)=600000) ran for 600080 milliseconds "
+    "before timing out.",
+    "[rank1]:[E1122 06:40:02.586033171 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID "
+    "0(default_pg) Rank 1] Timeout at NCCL work: 126, last enqueued NCCL work: 128, last "
+    "completed NCCL work: 125.",
+]
+NCCL_CUDA_INVALID = [
+    "[rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/"
+    "distributed/c10d/NCCLUtils.hpp:268, unhandled cuda error (run with NCCL_DEBUG=INFO for "
+    "details), NCCL version 2.21.5",
+    "[rank0]: ncclUnhandledCudaError: Call to CUDA function failed.",
+    "[rank0]: Cuda failure 1 'invalid argument'",
+]
+
+
+def test_a_failed_prolog_restarts_without_its_node(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, PROLOG_FAILURE)
+    assert (diagnosis.category, diagnosis.action) == (
+        Category.NODE_DOWN,
+        Action.RESTART_EXCLUDING,
+    )
+    assert diagnosis.culprit_nodes == ["k003-006"]
+
+
+def test_lines_without_a_group_belong_to_the_one_named_group(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, OUT_OF_STEP_MIXED)
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+
+
+def test_a_cuda_call_failing_inside_nccl_asks_a_person(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, NCCL_CUDA_INVALID)
+    assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
+    assert diagnosis.culprit_ranks == [0]

@@ -580,6 +580,14 @@ def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
         pg = _PG.search(f.evidence.text)
         seqs = by_group.setdefault(pg.group(1) if pg else "", {})
         seqs[f.evidence.rank] = min(f.seq, seqs.get(f.evidence.rank, f.seq))
+    named = [g for g in by_group if g]
+    if "" in by_group and len(named) == 1:
+        # Older lines name no group ("[Rank 1] Watchdog caught ..."): beside lines of a
+        # single named group they are that group's (tune g-142).
+        unnamed = by_group.pop("")
+        group = by_group[named[0]]
+        for rank, seq in unnamed.items():
+            group[rank] = min(seq, group.get(rank, seq))
     return by_group
 
 
