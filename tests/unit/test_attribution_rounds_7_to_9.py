@@ -293,3 +293,16 @@ def test_a_cuda_call_failing_inside_nccl_asks_a_person(tmp_path: Path) -> None:
     diagnosis = _diagnose(tmp_path, NCCL_CUDA_INVALID)
     assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
     assert diagnosis.culprit_ranks == [0]
+
+
+def test_ray_oom_names_the_node_from_the_errors_own_memory_line(tmp_path: Path) -> None:
+    # tune/g-105.log: the OutOfMemoryError's own line gives the node's address.
+    lines = [
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+        "Memory on the node (IP: 10.20.49.141, ID: 4748aa6d1bc114b8bf58822d0b162796a1d36a79dee5"
+        "c167c9bf91f5) where the task (actor ID: 9e43ace6a1234e13df7b456b01000000, pid=4100606, "
+        "memory used=56.57GB) was running was 246.41GB / 251.54GB (0.979583)",
+    ]
+    diagnosis = _diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+    assert diagnosis.culprit_nodes == ["10.20.49.141"]
