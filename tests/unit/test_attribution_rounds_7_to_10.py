@@ -1,4 +1,4 @@
-"""Tuning rounds 7 to 9 on tests/corpus/real/tune: where in a traceback an error was
+"""Tuning rounds 7 to 10 on tests/corpus/real/tune: where in a traceback an error was
 raised (a checkpoint loader or saver), the header naming whose traceback it is, three
 shapes of a collective timeout that a restart meets again (at start-up, with the job's own
 short timeout, ranks out of step), and the words of the fabric stack (AWS OFI, libfabric's
@@ -306,3 +306,39 @@ def test_ray_oom_names_the_node_from_the_errors_own_memory_line(tmp_path: Path) 
     diagnosis = _diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
     assert diagnosis.culprit_nodes == ["10.20.49.141"]
+
+
+# tune/g-173.log (pyxis on a node whose user-namespace limit is exhausted) and g-205.log.
+PYXIS_NAMESPACE = [
+    "slurmstepd: error: pyxis: container start failed with error code: 1",
+    "slurmstepd: error: pyxis:     enroot-nsenter: failed to create user namespace: No space "
+    "left on device",
+    "slurmstepd: error: pyxis: couldn't start container",
+    "srun: error: node001: task 0: Exited with exit code 1",
+]
+PADDLE_OOM = (
+    "Out of memory error on GPU 0. Cannot allocate 172.000000MB memory on GPU 0, 23.486572GB "
+    "memory has been allocated and available memory is only 167.062500MB."
+)
+
+
+def test_a_container_that_cannot_start_on_the_node_asks_a_person(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, PYXIS_NAMESPACE)
+    assert diagnosis.rule_ids[0] == "slurm.container_setup_failed"
+    assert diagnosis.action is Action.ESCALATE  # not a stop for a full disk
+
+
+def test_paddle_gpu_oom_stops(tmp_path: Path) -> None:
+    diagnosis = _diagnose(tmp_path, [PADDLE_OOM])
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.STOP)
+
+
+def test_an_nccl_system_error_alone_asks_a_person(tmp_path: Path) -> None:
+    # tune/g-206 and the like: set-up or configuration, not a blip to restart through.
+    line = (
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for "
+        "details), NCCL version 2.19.3"
+    )
+    diagnosis = _diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
