@@ -51,11 +51,17 @@ _SYSLOG = re.compile(
 # A log shipper's or logger's timestamp in front of the line (ISO date, optional zone,
 # optionally bracketed); stripped so the prefixes behind it are seen.
 _TIMESTAMP = re.compile(
-    r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?: ?(?:Z|[+-]\d\d:?\d\d))?\]?:? "
+    r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?: ?(?:Z|[+-]\d\d:?\d\d))?\]?:?"
+    r"(?: [-|])? "  # Python logging's "... - message", a shipper's "... | message"
 )
+# A log quoted in an issue or a mail keeps its "> " markers.
+_QUOTE = re.compile(r"^>+ ")
+# Leading blanks that are not srun's label padding ("  12: ", matched first).
+_INDENT = re.compile(r"^\s+")
 _SYSLOG_INNER = re.compile(
     r"\b[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}) kernel:"
 )
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _IPV4 = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
 _SRUN_ERR = re.compile(r"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? (\d+)")
 _NODE_FAIL = re.compile(r"Node failure on ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})")
@@ -153,11 +159,26 @@ class Topology:
         return host if any(c.isdigit() for c in host) else None
 
 
+def undecorate(line: str) -> str:
+    """`line` as the program wrote it: without terminal colours, the "> " of a quoted log,
+    or a log shipper's timestamp in front (a syslog line keeps its own, which names the
+    host)."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    for _ in range(3):
+        bare = line.lstrip()
+        m = _QUOTE.match(bare) or (None if _SYSLOG.match(bare) else _TIMESTAMP.match(bare))
+        if m is None:
+            break
+        line = bare[m.end() :]
+    return line
+
+
 def parse_line(line: str, topo: Topology) -> LineContext:
     """Strip the known prefixes off `line` and say who logged it."""
     ctx = LineContext()
-    rest = line
-    for _ in range(4):  # prefixes stack: "gpu03: 12: [rank12]:[E ...]"
+    rest = undecorate(line)
+    for _ in range(5):  # prefixes stack: "gpu03: 12: [rank12]:[E ...]"
         if m := _SRUN_LABEL.match(rest):
             ctx.task = int(m.group(1))
         elif m := _RANK.match(rest):
@@ -174,6 +195,8 @@ def parse_line(line: str, topo: Topology) -> LineContext:
             ctx.node = host
         elif (m := _TIMESTAMP.match(rest)) and not _SYSLOG.match(rest):
             pass  # a shipper's timestamp; what follows may be a prefix of its own
+        elif (m := _QUOTE.match(rest)) or (m := _INDENT.match(rest)):
+            pass  # quoted or indented whole: the prefixes follow
         else:
             break
         rest = rest[m.end() :].lstrip()
@@ -218,7 +241,7 @@ def parse_line(line: str, topo: Topology) -> LineContext:
 
 def elastic_field(line: str) -> tuple[str, str | int] | None:
     """A field of torchelastic's 'Root Cause' block: ('host', name) or ('rank', n)."""
-    stripped = re.sub(r"^(?:\s{0,6}\d{1,6}: |\[\w+\]:)", "", line)
+    stripped = re.sub(r"^(?:\s{0,6}\d{1,6}: |\[\w+\]:)", "", undecorate(line))
     if m := _ELASTIC_HOST.match(stripped):
         return "host", short_host(m.group(1))
     if m := _ELASTIC_RANK.match(stripped):

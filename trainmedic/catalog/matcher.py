@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import re2
 
+from trainmedic.catalog.correlation import undecorate
 from trainmedic.catalog.loader import XID_REGEX, Catalog
 from trainmedic.catalog.model import Rule
 from trainmedic.domain import Role
@@ -138,6 +139,9 @@ def compile_prefilter(
     return re.compile(trie_regex(sorted(literals)))
 
 
+_DECOR_STARTS = frozenset(">[0123456789 \t")
+
+
 def _number(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
@@ -210,6 +214,11 @@ class Matcher:
 
     def match(self, line: str) -> list[LineMatch]:
         """Every rule matching this line (already decoded, without newline)."""
+        if "\x1b" in line or line[:1] in _DECOR_STARTS:
+            # Coloured output (rich tracebacks, loguru, Ray) puts escape codes between a
+            # message's words and its end, and a quoted or shipped log puts "> " or a
+            # timestamp before its start: the rules read what the program wrote.
+            line = undecorate(line)
         found: list[LineMatch] = []
         candidates: set[int] = set()
         if self._trigger_set is not None:

@@ -1,0 +1,87 @@
+"""The same log, shown another way, gets the same diagnosis.
+
+Real logs reach the attributor coloured by the terminal (rich, loguru, Ray), quoted in an
+issue or a mail ("> "), stamped by a log shipper ("2024-05-01 12:00:00,123 - "), indented
+inside other output, or with Windows line ends. None of that changes what happened, so
+on every real corpus case (tune, eval and benign) the category, action and culprits must
+come out as they do on the plain text, and a benign case must stay quiet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from trainmedic.catalog import Attributor
+from trainmedic.catalog.correlation import Topology, parse_line, undecorate
+from trainmedic.domain import AttributionRequest, Category
+
+ENGINE = Attributor()
+REAL = Path(__file__).parents[1] / "corpus" / "real"
+CASES = sorted(p for split in ("tune", "eval", "benign") for p in (REAL / split).glob("*.log"))
+
+DECORATIONS: dict[str, Callable[[str], str]] = {
+    "coloured": lambda line: f"\x1b[31m{line}\x1b[0m",
+    "quoted": lambda line: f"> {line}",
+    "shipped": lambda line: f"2024-05-01 12:00:00,123 - {line}",
+    "indented": lambda line: f"    {line}",
+    "crlf": lambda line: f"{line}\r",
+}
+
+
+def _verdict(path: Path) -> tuple[str, str, tuple[str, ...], tuple[int, ...]]:
+    diagnosis = ENGINE.attribute(AttributionRequest(log_paths=[str(path)]))
+    return (
+        diagnosis.category.value,
+        diagnosis.action.value,
+        tuple(diagnosis.culprit_nodes),
+        tuple(diagnosis.culprit_ranks),
+    )
+
+
+@cache
+def _plain(case: Path) -> tuple[str, str, tuple[str, ...], tuple[int, ...]]:
+    return _verdict(case)
+
+
+@pytest.mark.parametrize("decoration", DECORATIONS)
+def test_every_real_case_reads_the_same_decorated(decoration: str, tmp_path: Path) -> None:
+    decorate = DECORATIONS[decoration]
+    changed = []
+    for case in CASES:
+        text = case.read_text(encoding="utf-8", errors="replace")
+        decorated = tmp_path / case.name
+        decorated.write_text("\n".join(decorate(line) for line in text.splitlines()) + "\n")
+        if (got := _verdict(decorated)) != (want := _plain(case)):
+            changed.append(f"{case.parent.name}/{case.name}: {want} -> {got}")
+    assert changed == []
+
+
+def test_the_corpus_is_there() -> None:
+    assert len(CASES) > 600
+
+
+def test_undecorate_keeps_what_names_a_host() -> None:
+    # A syslog line's timestamp is followed by the host: it stays for parse_line.
+    line = (
+        "2024-05-01T12:00:00+00:00 gpu03 kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU has "
+        "fallen off the bus."
+    )
+    assert undecorate(line) == line
+    assert parse_line(f"> {line}", Topology()).node == "gpu03"
+
+
+def test_undecorate_strips_colours_quotes_and_stamps() -> None:
+    assert undecorate("\x1b[1;31m[rank3]: boom\x1b[0m") == "[rank3]: boom"
+    assert undecorate(">> 2024-05-01 12:00:00,123 | [rank3]: boom") == "[rank3]: boom"
+    assert parse_line("  [2025-05-10 00:18:27] [rank3]: x", Topology()).rank == 3
+
+
+def test_a_decorated_benign_line_stays_benign(tmp_path: Path) -> None:
+    log = tmp_path / "ok.log"
+    log.write_text("\x1b[32m2024-05-01 12:00:00,123 - INFO - step 100 loss 2.31\x1b[0m\n")
+    diagnosis = ENGINE.attribute(AttributionRequest(log_paths=[str(log)]))
+    assert diagnosis.category is Category.UNKNOWN and diagnosis.rule_ids == []
