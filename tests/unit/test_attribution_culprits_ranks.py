@@ -81,7 +81,9 @@ def test_mpirun_signal_decides_the_kind_of_death(tmp_path: Path) -> None:
     segv = MPIRUN_KILLED.replace("signal 9 (Killed)", "signal 11 (Segmentation fault)")
     bus = MPIRUN_KILLED.replace("signal 9 (Killed)", "signal 7 (Bus error)")
     term = MPIRUN_KILLED.replace("signal 9 (Killed)", "signal 15 (Terminated)")
-    assert _diagnose(tmp_path, [segv]).rule_ids == ["proc.segfault"]
-    assert _diagnose(tmp_path, [bus]).rule_ids == ["proc.bus_error"]
+    for line, rule_id in ((segv, "proc.segfault"), (bus, "proc.bus_error")):
+        diagnosis = _diagnose(tmp_path, [line])
+        assert diagnosis.rule_ids == [rule_id]
+        assert (diagnosis.culprit_ranks, diagnosis.culprit_nodes) == ([0], ["host01"])
     # SIGTERM is how a launcher tears the others down: no root cause of its own.
     assert _diagnose(tmp_path, [term]).category is Category.UNKNOWN

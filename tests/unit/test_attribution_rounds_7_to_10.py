@@ -48,6 +48,10 @@ EFA_ENOMEM = (
     "libfabric:17778:1732779731::efa:cq:efa_cq_ibv_cq_ex_open_with_ibv_create_cq_ex():92<warn> "
     "Unable to create extended CQ: Cannot allocate memory"
 )
+OFI_CQ_FAILED = (
+    "algo-1:17778:17848 [5] nccl_ofi_ofiutils_init_connection:274 NCCL WARN NET/OFI Couldn't "
+    "open CQ. RC: -22, ERROR: Invalid argument"
+)
 OFI_INIT_FAILED = (
     "algo-1:17778:17848 [5] nccl_net_ofi_create_plugin:259 NCCL WARN NET/OFI aws-ofi-nccl "
     "initialization failed"
@@ -115,7 +119,7 @@ def test_a_timeout_after_training_ran_is_still_restarted(tmp_path: Path) -> None
 
 
 def test_libfabric_enomem_is_not_host_oom(tmp_path: Path) -> None:
-    diagnosis = _diagnose(tmp_path, [EFA_ENOMEM, OFI_INIT_FAILED])
+    diagnosis = _diagnose(tmp_path, [EFA_ENOMEM, OFI_CQ_FAILED, OFI_INIT_FAILED])
     assert diagnosis.category is Category.NETWORK_NCCL
     assert diagnosis.rule_ids[0] == "nccl.ofi_setup_failure"
     assert diagnosis.action is Action.ESCALATE
@@ -230,9 +234,9 @@ def test_spawned_process_signals(tmp_path: Path) -> None:
     assert fpe.rule_ids[0] == "proc.native_crash"
     killed = _diagnose(tmp_path, [SPAWN_SIGFPE.replace("SIGFPE", "SIGKILL")])
     assert killed.rule_ids[0] == "proc.sigkill" and killed.culprit_ranks == [2]
-    assert _diagnose(tmp_path, [SPAWN_SIGFPE.replace("SIGFPE", "SIGSEGV")]).rule_ids[0] == (
-        "proc.segfault"
-    )
+    for signal, rule_id in (("SIGSEGV", "proc.segfault"), ("SIGBUS", "proc.bus_error")):
+        died = _diagnose(tmp_path, [SPAWN_SIGFPE.replace("SIGFPE", signal)])
+        assert died.rule_ids[0] == rule_id and died.culprit_ranks == [2]
 
 
 def test_nvlink_peer_access_asks_a_person_before_draining(tmp_path: Path) -> None:
@@ -342,3 +346,49 @@ def test_an_nccl_system_error_alone_asks_a_person(tmp_path: Path) -> None:
     )
     diagnosis = _diagnose(tmp_path, [line])
     assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
+
+
+def test_the_ofi_plugin_falling_back_hides_no_real_cause(tmp_path: Path) -> None:
+    # Printed on machines without EFA, after which NCCL goes on over sockets (review 11).
+    later = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    diagnosis = _diagnose(tmp_path, [OFI_INIT_FAILED, later])
+    assert diagnosis.rule_ids[0] == "cuda.illegal_address"
+    alone = _diagnose(tmp_path, [OFI_INIT_FAILED])
+    assert (alone.category, alone.action) == (Category.UNKNOWN, Action.ESCALATE)
+
+
+def test_a_skipped_nan_step_does_not_stop_the_job(tmp_path: Path) -> None:
+    # A trainer that skips a NaN step and later dies of a plain timeout: restarted.
+    lines = [
+        "[rank0]: loss is nan, skipping batch",
+        FIRST_BROADCAST.replace("SeqNum=1,", "SeqNum=900,"),
+    ]
+    diagnosis = _diagnose(tmp_path, lines)
+    assert diagnosis.action is Action.RESTART
+
+
+def test_a_generic_error_under_a_loader_frame_asks_a_person(tmp_path: Path) -> None:
+    # A storage timeout raised inside the loader may pass on retry (review 11).
+    lines = [*DCP_LOAD[:5], "botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL"]
+    diagnosis = _diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.CHECKPOINT, Action.ESCALATE)
+
+
+def test_a_handled_load_failure_does_not_frame_a_later_error(tmp_path: Path) -> None:
+    lines = [
+        *DCP_LOAD[1:5],
+        "FileNotFoundError: [Errno 2] No such file or directory: 'ckpt/latest'",
+        "no checkpoint found, starting from scratch",
+        "step 10 loss 2.3",
+        "RuntimeError: Expected all tensors to be on the same device, but found at least two "
+        "devices, cuda:0 and cpu!",
+    ]
+    assert _diagnose(tmp_path, lines).category is Category.USER_CODE
+
+
+def test_a_local_rank_is_not_named_as_the_jobs_rank_on_several_nodes(tmp_path: Path) -> None:
+    # local_rank 2 on the second of two nodes is rank 10, not rank 2 (review 11).
+    log = tmp_path / "job.log"
+    log.write_text(f"gpu02: {ELASTIC_SIGBUS}\n")
+    request = AttributionRequest(log_paths=[str(log)], nodelist=["gpu01", "gpu02"])
+    assert ENGINE.attribute(request).culprit_ranks == []

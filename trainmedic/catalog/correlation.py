@@ -57,7 +57,7 @@ _TIMESTAMP = re.compile(
 # A log quoted in an issue or a mail keeps its "> " markers.
 _QUOTE = re.compile(r"^>+ ")
 # Leading blanks that are not srun's label padding ("  12: ", matched first).
-_INDENT = re.compile(r"^\s+")
+_INDENT = re.compile(r"^\s+(?=[^\s\d])")
 _SYSLOG_INNER = re.compile(
     r"\b[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}) kernel:"
 )
@@ -157,6 +157,11 @@ class Topology:
             return host if host in self.known else None
         # Without a node list only names that look like cluster hosts count.
         return host if any(c.isdigit() for c in host) else None
+
+
+def uncoloured(line: str) -> str:
+    """`line` without terminal colour codes (for evidence shown to people)."""
+    return _ANSI.sub("", line) if "\x1b" in line else line
 
 
 def undecorate(line: str) -> str:

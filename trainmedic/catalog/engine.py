@@ -24,7 +24,13 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from trainmedic.catalog.correlation import LineContext, Topology, elastic_field, parse_line
+from trainmedic.catalog.correlation import (
+    LineContext,
+    Topology,
+    elastic_field,
+    parse_line,
+    uncoloured,
+)
 from trainmedic.catalog.loader import Catalog, load_catalog
 from trainmedic.catalog.matcher import LineMatch, Matcher
 from trainmedic.catalog.model import Rule
@@ -55,16 +61,14 @@ _ISOLATING = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
 _SAYS_WHERE = (Action.ESCALATE, Action.STOP)  # name the node, with no effect on it
 _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes
 _ELASTIC_BLOCK_LINES = 12
-_TRACEBACK_LINES = 80
+_TRACEBACK_LINES = 80  # how far above its exception a traceback's frame may sit
 _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
 # A collective timeout whose sequence number is this low struck the job's first
 # collectives (the barrier and parameter broadcast that follow set-up).
 _START_UP_SEQ = 3
 # PyTorch's default NCCL timeout is 10 or 30 minutes; one set below this is the job's own.
 _SHORT_TIMEOUT_MS = 300_000
-_TIMEOUT_MS = re.compile(
-    r"Timeout\(ms\)=(\d+)"
-)  # how far above its exception a traceback's frame may sit
+_TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
@@ -188,7 +192,7 @@ class Attributor:
                         rule=match.rule,
                         evidence=Evidence(
                             source=source,
-                            text=clip(text),
+                            text=clip(uncoloured(text)),
                             file=file,
                             line_no=line_no,
                             rule_id=match.rule.id,
@@ -312,7 +316,7 @@ class Attributor:
         if roots:
             return self._from_roots(col, topo, roots, cascades + confirms)
         if cascades:
-            return self._from_cascades(col, cascades, confirms)
+            return self._from_cascades(col, cascades, confirms, len(topo.nodelist) <= 1)
         if confirms:
             return self._unknown(
                 col,
@@ -351,8 +355,13 @@ class Attributor:
             frame := _context_above(primary, col.all(), *_CHECKPOINT_FRAMES)
         ):
             # The program's error came out of a checkpoint loader (the saved state does not
-            # fit this run) or saver: every restart loads or saves the same way again.
-            category, action, transient = Category.CHECKPOINT, Action.STOP, False
+            # fit this run) or saver: every restart loads or saves the same way again. An
+            # error that its own rule does not already call deterministic (a storage
+            # timeout, a connection error: the catch-alls escalate) may pass on retry, so
+            # a person looks instead of the job stopping.
+            category = Category.CHECKPOINT
+            if action is Action.STOP:
+                transient = False
             notes.append(frame.rule.title)
             others = [frame, *others]
         nodes: list[str] = []
@@ -408,7 +417,11 @@ class Attributor:
             confidence -= 0.05
         if not ranks and col.elastic() and not rule.blames_node:
             ranks = col.elastic()
-        if not ranks and (header := _context_above(primary, col.all(), "python.traceback_of_rank")):
+        if (
+            not ranks
+            and len(topo.nodelist) <= 1  # the header's number is a process index per node
+            and (header := _context_above(primary, col.all(), "python.traceback_of_rank"))
+        ):
             ranks = [header.evidence.rank] if header.evidence.rank is not None else []
         if not ranks:
             # Any line of the winning cause may sit next to the rank's prefix (a kernel's
@@ -436,7 +449,11 @@ class Attributor:
         )
 
     def _from_cascades(
-        self, col: _Collector, cascades: list[Finding], confirms: list[Finding]
+        self,
+        col: _Collector,
+        cascades: list[Finding],
+        confirms: list[Finding],
+        single_node: bool,
     ) -> Diagnosis:
         cascades.sort(key=lambda f: (-f.rule.confidence, f.order))
         rule = cascades[0].rule
@@ -471,8 +488,10 @@ class Attributor:
             summary = f"{rule.title}: the ranks are out of step (different collectives)"
         # Who fell behind, whom torchelastic's summary names, or else the first rank a
         # cascade's own words name ("failed (exitcode: -7) local_rank: 2", tune g-074);
-        # never every rank that printed its own timeout.
+        # never every rank that printed its own timeout. Those words give a local rank
+        # (per node), which is the job's rank only on a single node.
         named = [f.evidence.rank for f in sorted(cascades, key=lambda f: f.order) if f.rank_named]
+        named = named if single_node else []
         ranks = _lagging_ranks(cascades) or col.elastic() or [r for r in named[:1] if r is not None]
         nodes = _where(cascades, col) if action is Action.ESCALATE else []
         evidence = self._pick_evidence(cascades, confirms)
@@ -568,7 +587,18 @@ def _context_above(primary: Finding, findings: list[Finding], *rule_ids: str) ->
         and f.order[0] == file
         and 0 < line - f.order[1] <= _TRACEBACK_LINES
     ]
-    return max(above, key=lambda f: f.order, default=None)
+    nearest = max(above, key=lambda f: f.order, default=None)
+    if nearest is None:
+        return None
+    # Another error between them ended the frame's traceback (a handled failure, logged,
+    # then an unrelated one): the frame is not this error's.
+    ended = any(
+        f.rule.role in (Role.ROOT, Role.CASCADE)
+        and f.order[0] == file
+        and nearest.order[1] < f.order[1] < line
+        for f in findings
+    )
+    return None if ended else nearest
 
 
 def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
