@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainmedic.catalog import Attributor
+from tests.unit.attribution_support import diagnose as _diagnose
 from trainmedic.catalog.correlation import Topology, parse_line
-from trainmedic.domain import Action, AttributionRequest, Category, Diagnosis
-
-ENGINE = Attributor()
+from trainmedic.domain import Action, Category
 
 # benign/e-058.log (Lightning on Slurm).
 LIGHTNING_SEED = "[rank: 1] Global seed set to 0"
@@ -34,12 +32,6 @@ HOROVOD_STALL = [
 MPIRUN_KILLED = (
     "mpirun noticed that process rank 0 with PID 21183 on node host01 exited on signal 9 (Killed)."
 )
-
-
-def _diagnose(tmp_path: Path, lines: list[str]) -> Diagnosis:
-    log = tmp_path / "job.log"
-    log.write_text("\n".join(lines) + "\n")
-    return ENGINE.attribute(AttributionRequest(log_paths=[str(log)]))
 
 
 def test_lightning_rank_prefix_names_the_rank() -> None:

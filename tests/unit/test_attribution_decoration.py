@@ -48,17 +48,21 @@ def _plain(case: Path) -> tuple[str, str, tuple[str, ...], tuple[int, ...]]:
     return _verdict(case)
 
 
-@pytest.mark.parametrize("decoration", DECORATIONS)
-def test_every_real_case_reads_the_same_decorated(decoration: str, tmp_path: Path) -> None:
-    decorate = DECORATIONS[decoration]
+def _changed(tmp_path: Path, rewrite: Callable[[str], str], aspects: int) -> list[str]:
+    """Cases whose first `aspects` verdict fields change when every line is rewritten."""
     changed = []
     for case in CASES:
         text = case.read_text(encoding="utf-8", errors="replace")
-        decorated = tmp_path / case.name
-        decorated.write_text("\n".join(decorate(line) for line in text.splitlines()) + "\n")
-        if (got := _verdict(decorated)) != (want := _plain(case)):
+        rewritten = tmp_path / case.name
+        rewritten.write_text("\n".join(rewrite(line) for line in text.splitlines()) + "\n")
+        if (got := _verdict(rewritten)[:aspects]) != (want := _plain(case)[:aspects]):
             changed.append(f"{case.parent.name}/{case.name}: {want} -> {got}")
-    assert changed == []
+    return changed
+
+
+@pytest.mark.parametrize("decoration", DECORATIONS)
+def test_every_real_case_reads_the_same_decorated(decoration: str, tmp_path: Path) -> None:
+    assert _changed(tmp_path, DECORATIONS[decoration], 4) == []
 
 
 # A launcher's label on every line says who wrote it, not what happened: the category
@@ -71,15 +75,7 @@ LABELS: dict[str, Callable[[str], str]] = {
 
 @pytest.mark.parametrize("label", LABELS)
 def test_a_launchers_label_changes_no_verdict(label: str, tmp_path: Path) -> None:
-    prefix = LABELS[label]
-    changed = []
-    for case in CASES:
-        text = case.read_text(encoding="utf-8", errors="replace")
-        labelled = tmp_path / case.name
-        labelled.write_text("\n".join(prefix(line) for line in text.splitlines()) + "\n")
-        if (got := _verdict(labelled)[:2]) != (want := _plain(case)[:2]):
-            changed.append(f"{case.parent.name}/{case.name}: {want} -> {got}")
-    assert changed == []
+    assert _changed(tmp_path, LABELS[label], 2) == []
 
 
 def test_the_corpus_is_there() -> None:

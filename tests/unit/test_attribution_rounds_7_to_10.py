@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainmedic.catalog import Attributor
-from trainmedic.domain import Action, AttributionRequest, Category, Diagnosis
-
-ENGINE = Attributor()
+from tests.unit.attribution_support import ENGINE
+from tests.unit.attribution_support import diagnose as _diagnose
+from trainmedic.domain import Action, AttributionRequest, Category
 
 # tune/g-014.log: torch's distributed checkpoint fails to load a key on rank 3.
 DCP_LOAD = [
@@ -66,12 +65,6 @@ GSP_TIMEOUT = [
 SHM_FULL = (
     "RuntimeError: unable to write to file </torch_8289_606636967_0>: No space left on device (28)"
 )
-
-
-def _diagnose(tmp_path: Path, lines: list[str]) -> Diagnosis:
-    log = tmp_path / "job.log"
-    log.write_text("\n".join(lines) + "\n")
-    return ENGINE.attribute(AttributionRequest(log_paths=[str(log)]))
 
 
 def test_an_error_raised_inside_a_checkpoint_loader_is_a_resume_mismatch(tmp_path: Path) -> None:
