@@ -50,8 +50,8 @@ async def test_the_same_job_failing_three_times(
     """Each failed run is its own incident; the third with no progress escalates."""
     nccl = (
         "[rank0]: torch.distributed.DistBackendError: NCCL error in: "
-        "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for "
-        "details), NCCL version 2.20.5"
+        "ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, "
+        "NCCL version 2.20.5"
     )
     ctld = SlurmctldLog(lab)
     async with controller_for(lab, temporal_client, controller_settings) as detection:

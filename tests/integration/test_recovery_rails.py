@@ -85,8 +85,8 @@ def nccl_error(job_id: str) -> IncidentSignal:
                 source=EvidenceSource.LOG,
                 text=(
                     "[rank3]: torch.distributed.DistBackendError: NCCL error in: "
-                    "ProcessGroupNCCL.cpp:1970, unhandled system error (run with "
-                    "NCCL_DEBUG=INFO for details), NCCL version 2.20.5"
+                    "ProcessGroupNCCL.cpp:1970, remote process exited or there was a "
+                    "network error, NCCL version 2.20.5"
                 ),
             )
         ],
