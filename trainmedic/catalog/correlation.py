@@ -168,8 +168,7 @@ def undecorate(line: str) -> str:
     """`line` as the program wrote it: without terminal colours, the "> " of a quoted log,
     or a log shipper's timestamp in front (a syslog line keeps its own, which names the
     host)."""
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
+    line = uncoloured(line)
     for _ in range(3):
         bare = line.lstrip()
         m = _QUOTE.match(bare) or (None if _SYSLOG.match(bare) else _TIMESTAMP.match(bare))

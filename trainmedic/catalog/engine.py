@@ -345,6 +345,7 @@ class Attributor:
     ) -> Diagnosis:
         roots.sort(key=self._key)
         primary = roots[0]
+        findings = col.all()
         rule = primary.rule
         same = [f for f in roots if f.rule.category is rule.category]
         confidence = rule.confidence
@@ -352,7 +353,7 @@ class Attributor:
         category, transient = rule.category, rule.transient
         notes: list[str] = []
         if category is Category.USER_CODE and (
-            frame := _context_above(primary, col.all(), *_CHECKPOINT_FRAMES)
+            frame := _context_above(primary, findings, *_CHECKPOINT_FRAMES)
         ):
             # The program's error came out of a checkpoint loader (the saved state does not
             # fit this run) or saver: every restart loads or saves the same way again. An
@@ -420,14 +421,14 @@ class Attributor:
         if (
             not ranks
             and len(topo.nodelist) <= 1  # the header's number is a process index per node
-            and (header := _context_above(primary, col.all(), "python.traceback_of_rank"))
+            and (header := _context_above(primary, findings, "python.traceback_of_rank"))
         ):
             ranks = [header.evidence.rank] if header.evidence.rank is not None else []
         if not ranks:
             # Any line of the winning cause may sit next to the rank's prefix (a kernel's
             # assertion lines come first, the RuntimeError near "destroyed on rank 0").
             for f in [primary, *same]:
-                if (borrowed := _neighbour_rank(f, col.all())) is not None:
+                if (borrowed := _neighbour_rank(f, findings)) is not None:
                     ranks = [borrowed]
                     break
         evidence = self._pick_evidence(same, others)
@@ -461,6 +462,8 @@ class Attributor:
         summary = f"{rule.title} (a symptom: no local root error found)"
         seqs = [f.seq for f in cascades if f.seq is not None]
         limits = [int(m.group(1)) for f in cascades if (m := _TIMEOUT_MS.search(f.evidence.text))]
+        groups = _seqs_by_group(cascades)
+        lagging = _lagging_ranks(groups)
         # Three shapes of a collective timeout that a restart meets again; whether the code,
         # the data or the network kept the ranks apart is for a person, not a blind restart.
         if seqs and max(seqs) <= _START_UP_SEQ:
@@ -479,7 +482,7 @@ class Attributor:
                 f"{rule.title} after only {max(limits) // 1000} s: the job's own collective "
                 "timeout is shorter than the work one rank does alone"
             )
-        elif _out_of_step(cascades) and not _lagging_ranks(cascades):
+        elif _out_of_step(groups) and not lagging:
             # Ranks of one group timed out in different collectives and no few of them are
             # simply behind the rest (tune d-075, g-090): they issued different numbers of
             # collectives (a code path or uneven data per rank). A few ranks behind everyone
@@ -492,7 +495,7 @@ class Attributor:
         # (per node), which is the job's rank only on a single node.
         named = [f.evidence.rank for f in sorted(cascades, key=lambda f: f.order) if f.rank_named]
         named = named if single_node else []
-        ranks = _lagging_ranks(cascades) or col.elastic() or [r for r in named[:1] if r is not None]
+        ranks = lagging or col.elastic() or [r for r in named[:1] if r is not None]
         nodes = _where(cascades, col) if action is Action.ESCALATE else []
         evidence = self._pick_evidence(cascades, confirms)
         return Diagnosis(
@@ -621,16 +624,15 @@ def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
     return by_group
 
 
-def _out_of_step(findings: list[Finding]) -> bool:
+def _out_of_step(by_group: dict[str, dict[int, int]]) -> bool:
     """Ranks of the one process group seen timed out in different collectives."""
-    by_group = _seqs_by_group(findings)
     return len(by_group) == 1 and len(set(next(iter(by_group.values())).values())) > 1
 
 
-def _lagging_ranks(findings: list[Finding]) -> list[int]:
+def _lagging_ranks(by_group: dict[str, dict[int, int]]) -> list[int]:
     """Ranks whose timed-out collective is behind everyone else's in the same process
-    group: the others wait for them (a straggler, or the rank that stopped first)."""
-    by_group = _seqs_by_group(findings)
+    group (`_seqs_by_group`): the others wait for them (a straggler, or the rank that
+    stopped first)."""
     if len(by_group) != 1:
         return []
     seqs = next(iter(by_group.values()))
