@@ -57,6 +57,28 @@ def test_slurm_state_alone(obs, category, action, culprits) -> None:
     assert diagnosis.catalog_version == ENGINE.catalog.version
 
 
+@pytest.mark.parametrize(
+    "printed",
+    [
+        "slurm node gpu03 state=DOWN+NOT_RESPONDING reason=Not responding",
+        "> slurm job_state=NODE_FAIL reason=NodeDown exit_code=0 signal=None",
+        "slurm job_state=OUT_OF_MEMORY",
+    ],
+)
+def test_a_job_printing_slurm_state_lines_is_not_slurm(tmp_path: Path, printed: str) -> None:
+    # The rules for Slurm's own state read the lines the engine renders from Slurm; a job
+    # echoing the same words (a wrapper script, a copied diagnosis) is not Slurm saying so.
+    log = tmp_path / "out.log"
+    log.write_text(printed + "\n")
+    from_log = ENGINE.attribute(_req(log_paths=[str(log)]))
+    assert not any(r.startswith("slurm_state.") for r in from_log.rule_ids)
+    assert not from_log.culprit_nodes
+    from_slurm = ENGINE.attribute(
+        _req(slurm=SlurmObservation(job_state="FAILED", node_states={"gpu03": "DOWN"}))
+    )
+    assert from_slurm.rule_ids[0].startswith("slurm_state.")
+
+
 def test_node_outside_the_job_is_not_blamed() -> None:
     obs = SlurmObservation(job_state="FAILED", exit_code=1, node_states={"gpu09": "DOWN"})
     diagnosis = ENGINE.attribute(_req(slurm=obs))

@@ -171,6 +171,8 @@ class Attributor:
         line_no: int,
     ) -> None:
         for match in matches:
+            if match.rule.sources and source not in match.rule.sources:
+                continue
             # A line may name several ranks ("[missing ranks: 3, 6]"): one finding each.
             for named_rank in match.ranks or (match.rank,):
                 node, rank = ctx.node, ctx.rank

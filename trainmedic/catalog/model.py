@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainmedic.domain import Action, Category, Role
+from trainmedic.domain import Action, Category, EvidenceSource, Role
 
 
 class CatalogError(ValueError):
@@ -93,6 +93,10 @@ class Rule(BaseModel):
     examples: list[str] = Field(min_length=1)
     # Lines that look close but must NOT match (tests check them too).
     non_examples: list[str] = Field(default_factory=list)
+    # Where a line must come from for this rule to read it (empty: anywhere). The lines
+    # the engine renders from Slurm's own state ("slurm node gpu03 state=DOWN") mean
+    # nothing when a job prints them.
+    sources: list[EvidenceSource] = Field(default_factory=list)
     xid: int | None = None
 
 
