@@ -63,6 +63,11 @@ _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefi
 _ELASTIC_BLOCK_LINES = 12
 _TRACEBACK_LINES = 80  # how far above its exception a traceback's frame may sit
 _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
+# faulthandler's header before it prints every thread's stack of a dying process
+# ("Fatal Python error: Aborted"); a dump under it shows where the process was when it
+# crashed (tune g-269: the watchdog's abort after a timeout), not a hung job's.
+_CRASH_HEADER = "Fatal Python error:"
+_CRASH_DUMP_LINES = 400
 # A collective timeout whose sequence number is this low struck the job's first
 # collectives (the barrier and parameter broadcast that follow set-up).
 _START_UP_SEQ = 3
@@ -312,9 +317,10 @@ class Attributor:
 
     def decide(self, col: _Collector, topo: Topology, request: AttributionRequest) -> Diagnosis:
         findings = col.all()
-        roots = [f for f in findings if f.rule.role is Role.ROOT]
+        crash_stacks = [f for f in findings if _in_crash_dump(f, findings)]
+        roots = [f for f in findings if f.rule.role is Role.ROOT and f not in crash_stacks]
         cascades = [f for f in findings if f.rule.role is Role.CASCADE]
-        confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION]
+        confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION] + crash_stacks
         if roots:
             return self._from_roots(col, topo, roots, cascades + confirms)
         if cascades:
@@ -604,6 +610,20 @@ def _context_above(primary: Finding, findings: list[Finding], *rule_ids: str) ->
         for f in findings
     )
     return None if ended else nearest
+
+
+def _in_crash_dump(finding: Finding, findings: list[Finding]) -> bool:
+    """A hang's stack-dump line that sits in the dump faulthandler printed as the process
+    died: a symptom of whatever killed it, which the other lines tell."""
+    if finding.rule.id != "hang.stack_dump_in_collective":
+        return False
+    file, line = finding.order[0], finding.order[1]
+    return any(
+        _CRASH_HEADER in f.evidence.text
+        and f.order[0] == file
+        and 0 < line - f.order[1] <= _CRASH_DUMP_LINES
+        for f in findings
+    )
 
 
 def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:

@@ -1,0 +1,72 @@
+"""Tuning round 12 on tests/corpus/real/tune: the stacks faulthandler prints as a process
+dies are not a hung job's stack dump, and XLA's words for a missing NCCL library.
+
+Each line is published text from the tune case named beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.attribution_support import diagnose
+from trainmedic.domain import Action, Category
+
+_TIMEOUT = (
+    "[E ProcessGroupNCCL.cpp:828] [Rank {r}] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=388923, OpType=_ALLGATHER_BASE, Timeout(ms)=1800000) ran for 1804615 "
+    "milliseconds before timing out."
+)
+_DUMP = [
+    "Thread 0x00002ac6175f7700 (most recent call first):",
+    '  File "/cluster/project/sachan/kushal/math/lib64/python3.8/site-packages/torch/'
+    'distributed/distributed_c10d.py", line 2532 in all_gather_into_tensor',
+    '  File "/cluster/project/sachan/kushal/math/lib64/python3.8/site-packages/torch/'
+    'distributed/fsdp/flat_param.py", line 987 in _all_gather_flat_param',
+]
+# tune/g-269.log: both ranks time out in one all-gather; the watchdog aborts the process
+# and faulthandler prints where its threads were.
+ABORTED_AFTER_TIMEOUT = [
+    _TIMEOUT.format(r=0),
+    _TIMEOUT.format(r=1),
+    "terminate called after throwing an instance of 'std::runtime_error'",
+    "Fatal Python error: Aborted",
+    "",
+    *_DUMP,
+]
+
+
+def test_the_stacks_of_a_dying_process_are_not_a_hang_report(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, ABORTED_AFTER_TIMEOUT)
+    # The timeout decides (restart once, as for any causeless timeout); the dump is kept
+    # as evidence of where the ranks were.
+    assert diagnosis.action is Action.RESTART
+    assert diagnosis.rule_ids[0] == "nccl.watchdog_timeout"
+    assert "hang.stack_dump_in_collective" in diagnosis.rule_ids
+
+
+def test_a_dump_taken_of_a_live_job_is_still_a_hang(tmp_path: Path) -> None:
+    # faulthandler.dump_traceback_later prints the same frames under "Timeout (0:30:00)!"
+    # while the process lives on: a person looks at the hung job.
+    diagnosis = diagnose(tmp_path, ["Timeout (0:30:00)!", *_DUMP])
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+
+
+def test_a_dump_far_below_an_old_crash_is_still_a_hang(tmp_path: Path) -> None:
+    lines = ["Fatal Python error: Aborted", *(["step ok"] * 450), "Timeout (0:30:00)!", *_DUMP]
+    assert diagnose(tmp_path, lines).category is Category.HANG
+
+
+def test_xla_without_its_nccl_library_is_the_installation(tmp_path: Path) -> None:
+    # tune/g-271.log: after a jaxlib upgrade every all-reduce fails the same way.
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "jaxlib.xla_extension.XlaRuntimeError: INTERNAL: Failed to execute XLA Runtime "
+            "executable: run time error: custom call 'xla.gpu.all_reduce' failed: ",
+            "external/xla/xla/service/gpu/nccl_utils.cc:133: NCCL operation "
+            "ncclGetUniqueId(&id) failed: Unable to load NCCL library. Multi-GPU collectives "
+            "will not work.;      ",
+        ],
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
+    assert diagnosis.transient is False
