@@ -70,3 +70,35 @@ def test_xla_without_its_nccl_library_is_the_installation(tmp_path: Path) -> Non
     )
     assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
     assert diagnosis.transient is False
+
+
+# The flight-recorder analyser's report, in the shape PyTorch's tutorial shows for a job
+# whose rank 1 never called the all-reduce.
+FLIGHT_RECORDER_MISSING = [
+    "Not all ranks joining collective 5 at entry 4",
+    "group info: 0:default_pg",
+    "collective: nccl:all_reduce",
+    "missing ranks: {1}",
+    "input sizes: [[3, 4]]",
+    "output sizes: [[3, 4]]",
+    "expected ranks: 2",
+    "collective state: scheduled",
+]
+
+
+def test_the_flight_recorder_names_the_ranks_that_never_joined(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, FLIGHT_RECORDER_MISSING)
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+    assert diagnosis.culprit_ranks == [1]
+
+
+def test_a_flight_recorder_mismatch_is_the_code(tmp_path: Path) -> None:
+    lines = [
+        "Collective 5 at entry 4 errors",
+        "collective: nccl:all_reduce",
+        "error message: Culprit rank 3; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input "
+        "sizes: '[[4, 4]]' does not match found input sizes: '[[5, 4]]'.",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+    assert diagnosis.culprit_ranks == [3]
