@@ -102,3 +102,15 @@ def test_a_flight_recorder_mismatch_is_the_code(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
     assert diagnosis.culprit_ranks == [3]
+
+
+def test_the_monitored_barrier_names_who_did_not_arrive(tmp_path: Path) -> None:
+    # PyTorch's error text on rank 0 (its own rank in front, the missing one after).
+    lines = [
+        "RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms",
+        " Original exception: ",
+        "[gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:8594",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+    assert diagnosis.culprit_ranks == [1]
