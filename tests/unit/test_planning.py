@@ -107,6 +107,18 @@ def test_cause_key_names_category_and_culprits() -> None:
     assert cause_key(diagnosis(Action.RESTART, [], Category.USER_CODE)) == "user_code@-"
 
 
+def test_a_node_excluded_without_proof_is_the_same_cause_on_any_node() -> None:
+    # A broken site prolog fails the job on gpu01, then on gpu02 after the restart that
+    # excluded gpu01: one cause, so the restart budget ends the walk across the cluster.
+    first = diagnosis(Action.RESTART_EXCLUDING, ["gpu01"], Category.NODE_DOWN)
+    second = diagnosis(Action.RESTART_EXCLUDING, ["gpu02"], Category.NODE_DOWN)
+    assert cause_key(first) == cause_key(second)
+    # Hardware proof on two nodes is two failures (two bad GPUs in a large cluster).
+    assert cause_key(diagnosis(Action.DRAIN_AND_RESTART, ["gpu01"])) != cause_key(
+        diagnosis(Action.DRAIN_AND_RESTART, ["gpu02"])
+    )
+
+
 def test_a_forced_incident_mode_is_not_lifted_by_an_action_override() -> None:
     """Issue 9.8: "mode": "approve" on the incident, `actions: {restart: auto}`."""
     policy = parse_policy("mode: {default: auto, actions: {restart: auto}}")

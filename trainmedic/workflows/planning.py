@@ -231,6 +231,14 @@ def plan_effects(
 
 
 def cause_key(diagnosis: Diagnosis) -> str:
-    """'The same failure' for the restart budget: category and culprits."""
+    """'The same failure' for the restart budget: category and culprits.
+
+    A node excluded without hardware proof (a failed prolog, a lost task) whose failure
+    comes back on another node is the same failure: what the nodes share (the site's
+    prolog, the job itself) is the cause, and keying on the node would exclude one more
+    node per restart and never spend the budget.
+    """
+    if diagnosis.action is Action.RESTART_EXCLUDING:
+        return f"{diagnosis.category.value}@any node"
     culprits = ",".join(sorted(diagnosis.culprit_nodes)) or "-"
     return f"{diagnosis.category.value}@{culprits}"
