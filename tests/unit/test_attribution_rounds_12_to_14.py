@@ -1,5 +1,7 @@
-"""Tuning round 12 on tests/corpus/real/tune: the stacks faulthandler prints as a process
-dies are not a hung job's stack dump, and XLA's words for a missing NCCL library.
+"""Tuning rounds 12 to 14 on tests/corpus/real/tune and benign: the stacks faulthandler
+prints as a process dies are not a hung job's stack dump, XLA's words for a missing NCCL
+library, Open MPI launched by srun without PMI, a job script's shell missing a file; and,
+from PyTorch's documented output, the flight recorder's and monitored barrier's reports.
 
 Each line is published text from the tune case named beside it.
 """
@@ -114,3 +116,29 @@ def test_the_monitored_barrier_names_who_did_not_arrive(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
     assert diagnosis.culprit_ranks == [1]
+
+
+def test_open_mpi_without_slurm_pmi_is_the_launch(tmp_path: Path) -> None:
+    # tune/g-344.log: an MLPerf step direct-launched by srun aborts in MPI_Init.
+    lines = [
+        "[compute-hpc-node-73:349052] OPAL ERROR: Unreachable in file pmix3x_client.c at line 111",
+        "srun: error: compute-hpc-node-73: task 0: Exited with exit code 1",
+        'The application appears to have been direct launched using "srun",',
+        "but OMPI was not built with SLURM's PMI support and therefore cannot",
+        "execute. There are several options for building PMI support under",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_a_job_scripts_shell_missing_a_file_is_not_a_failure(tmp_path: Path) -> None:
+    # benign/g-337.log: bash peeks at /etc/dgx-release, then a 16-node run starts fine.
+    lines = [
+        "++ srun -N1 -n1 bash",
+        "/bin/bash: line 2: /etc/dgx-release: No such file or directory",
+        "+ MLPERF_HOST_OS='Ubuntu 18.04.5 LTS / ??? ???'",
+    ]
+    assert diagnose(tmp_path, lines).category is Category.UNKNOWN
+    # The program itself not finding its file still stops the job.
+    missing = ["python: can't open file '/workspace/train.py': [Errno 2] No such file or directory"]
+    assert diagnose(tmp_path, missing).action is Action.STOP
