@@ -142,3 +142,22 @@ def test_a_job_scripts_shell_missing_a_file_is_not_a_failure(tmp_path: Path) -> 
     # The program itself not finding its file still stops the job.
     missing = ["python: can't open file '/workspace/train.py': [Errno 2] No such file or directory"]
     assert diagnose(tmp_path, missing).action is Action.STOP
+
+
+# tune/g-320.log: the kernel's hung-task report for the rank-0 trainer.
+HUNG_TASK = [
+    "[Sat Mar  4 04:23:09 2023] INFO: task python:280058 blocked for more than 120 seconds.",
+    "[Sat Mar  4 04:23:09 2023] task:python          state:D stack:    0 pid:280058 "
+    "ppid:279966 flags:0x00000084",
+    "[Sat Mar  4 04:23:09 2023] Call Trace:",
+    "[Sat Mar  4 04:23:09 2023]  __schedule+0x2d1/0x860",
+    "[Sat Mar  4 04:23:09 2023]  schedule+0x35/0xa0",
+]
+
+
+def test_a_task_hung_in_the_file_system_is_storage(tmp_path: Path) -> None:
+    in_gpfs = [*HUNG_TASK, "[Sat Mar  4 04:23:09 2023]  cxiWaitEventWait+0x208/0x330 [mmfslinux]"]
+    diagnosis = diagnose(tmp_path, in_gpfs)
+    assert (diagnosis.category, diagnosis.action) == (Category.STORAGE_IO, Action.ESCALATE)
+    # The same report with no file system in its trace says only that something hung.
+    assert diagnose(tmp_path, HUNG_TASK).category is Category.UNKNOWN
