@@ -1,6 +1,7 @@
-"""Tuning rounds 12 to 14 on tests/corpus/real/tune and benign: the stacks faulthandler
+"""Tuning rounds 12 to 15 on tests/corpus/real/tune and benign: the stacks faulthandler
 prints as a process dies are not a hung job's stack dump, XLA's words for a missing NCCL
-library, Open MPI launched by srun without PMI, a job script's shell missing a file; and,
+library, Open MPI launched by srun without PMI, Slurm rejecting its arguments, a job
+script's shell missing a file, a task hung in the file system; and,
 from PyTorch's documented output, the flight recorder's and monitored barrier's reports.
 
 Each line is published text from the tune case named beside it.
@@ -161,3 +162,18 @@ def test_a_task_hung_in_the_file_system_is_storage(tmp_path: Path) -> None:
     assert (diagnosis.category, diagnosis.action) == (Category.STORAGE_IO, Action.ESCALATE)
     # The same report with no file system in its trace says only that something hung.
     assert diagnose(tmp_path, HUNG_TASK).category is Category.UNKNOWN
+
+
+def test_slurm_rejecting_its_own_arguments_is_the_job_script(tmp_path: Path) -> None:
+    # tune/g-366.log and g-370.log: nothing ran; the next submission is the same line.
+    for lines in (
+        [
+            "srun: error: pyxis: mount source must be a relative path, an absolute path, "
+            '"tmpfs" or "umount"',
+            "srun: error: Invalid --container-mounts argument: tank/bert/packed_data:"
+            "/workspace/data_phase2",
+        ],
+        ["./run-test.sh: 4: source: not found", 'sbatch: error: "t" is not a valid node count'],
+    ):
+        diagnosis = diagnose(tmp_path, lines)
+        assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
