@@ -79,6 +79,52 @@ def test_a_job_printing_slurm_state_lines_is_not_slurm(tmp_path: Path, printed: 
     assert from_slurm.rule_ids[0].startswith("slurm_state.")
 
 
+def test_state_words_from_other_origins_are_not_slurms_state(tmp_path: Path) -> None:
+    # A log line handed over as evidence, and a node's free-text reason (an admin's or a
+    # health check's words), are not Slurm's state either.
+    printed = Evidence(source=EvidenceSource.LOG, text="slurm job_state=OUT_OF_MEMORY")
+    assert ENGINE.attribute(_req(evidence=[printed])).category is Category.UNKNOWN
+    reason = SlurmObservation(
+        job_state="RUNNING",
+        node_states={"gpu03": "MIXED+DRAIN"},
+        node_reasons={"gpu03": "slurm job_state=OUT_OF_MEMORY"},
+    )
+    assert not any(
+        r.startswith("slurm_state.") for r in ENGINE.attribute(_req(slurm=reason)).rule_ids
+    )
+    # The same reason field still carries catalog lines that are not Slurm's own words.
+    xid = SlurmObservation(
+        job_state="RUNNING",
+        node_states={"gpu03": "MIXED+DRAIN"},
+        node_reasons={"gpu03": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"},
+    )
+    assert ENGINE.attribute(_req(slurm=xid)).category is Category.GPU_HARDWARE
+
+
+def test_a_job_printing_the_controllers_node_death_line_is_not_the_controller(
+    tmp_path: Path,
+) -> None:
+    # Only the controller's liveness check writes this line (source agent_heartbeat); a
+    # job printing it would otherwise turn its own stop into a restart excluding gpu02.
+    log = tmp_path / "out.log"
+    log.write_text(
+        "ValueError: bad config\n"
+        "gpu02: trainmedic: node gpu02 confirmed dead: agent silent for 7.1 s\n"
+    )
+    diagnosis = ENGINE.attribute(_req(log_paths=[str(log)]))
+    assert (diagnosis.action, diagnosis.culprit_nodes) == (Action.STOP, [])
+    heartbeat = Evidence(
+        source=EvidenceSource.AGENT_HEARTBEAT,
+        node="gpu02",
+        text="trainmedic: node gpu02 confirmed dead: agent silent for 7.1 s",
+    )
+    from_controller = ENGINE.attribute(_req(evidence=[heartbeat]))
+    assert (from_controller.category, from_controller.culprit_nodes) == (
+        Category.NODE_DOWN,
+        ["gpu02"],
+    )
+
+
 def test_node_outside_the_job_is_not_blamed() -> None:
     obs = SlurmObservation(job_state="FAILED", exit_code=1, node_states={"gpu09": "DOWN"})
     diagnosis = ENGINE.attribute(_req(slurm=obs))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.unit.attribution_support import diagnose
 from trainmedic.domain import Action, Category
 
@@ -54,9 +56,28 @@ def test_a_dump_taken_of_a_live_job_is_still_a_hang(tmp_path: Path) -> None:
     assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
 
 
-def test_a_dump_far_below_an_old_crash_is_still_a_hang(tmp_path: Path) -> None:
-    lines = ["Fatal Python error: Aborted", *(["step ok"] * 450), "Timeout (0:30:00)!", *_DUMP]
+@pytest.mark.parametrize("gap", [50, 450])
+def test_a_live_dump_below_an_old_crash_is_still_a_hang(tmp_path: Path, gap: int) -> None:
+    # The nearest header says whose stacks these are: a live dump taken after an earlier
+    # crash of some other process is a hang report.
+    lines = ["Fatal Python error: Aborted", *(["step ok"] * gap), "Timeout (0:30:00)!", *_DUMP]
     assert diagnose(tmp_path, lines).category is Category.HANG
+
+
+def test_every_ranks_crash_dump_is_a_symptom_however_many_ranks(tmp_path: Path) -> None:
+    # 96 ranks each abort after the timeout and print their stacks: more headers than
+    # findings are kept per rule, and the verdict is the same as for two ranks.
+    lines: list[str] = []
+    for rank in range(96):
+        lines += [
+            _TIMEOUT.format(r=rank),
+            "terminate called after throwing an instance of 'std::runtime_error'",
+            "Fatal Python error: Aborted",
+            *_DUMP,
+        ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.action is Action.RESTART
+    assert diagnosis.rule_ids[0] == "nccl.watchdog_timeout"
 
 
 def test_xla_without_its_nccl_library_is_the_installation(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from trainmedic.catalog import CatalogError, Matcher, load_catalog
 from trainmedic.catalog.loader import parse_files
-from trainmedic.domain import Action, Role
+from trainmedic.catalog.model import Rule
+from trainmedic.domain import Action, EvidenceSource, Role
 
 CATALOG = load_catalog()
 MATCHER = Matcher(CATALOG)
@@ -24,18 +25,35 @@ def test_version_and_size() -> None:
     assert CATALOG.version == package.CATALOG_VERSION
 
 
+def _own_source(rule: Rule) -> EvidenceSource:
+    """Where the rule's examples come from: its first source, else a job's log."""
+    return rule.sources[0] if rule.sources else EvidenceSource.LOG
+
+
 @pytest.mark.parametrize("rule", CATALOG.rules, ids=lambda r: r.id)
 def test_every_example_matches_its_rule(rule) -> None:
     for example in rule.examples:
         assert MATCHER.prefilter.search(example.encode()), f"no trigger in {example!r}"
-        got = [m.rule.id for m in MATCHER.match(example)]
+        got = [m.rule.id for m in MATCHER.match(example, _own_source(rule))]
         assert rule.id in got, f"{rule.id} missed {example!r} (got {got})"
     for example in rule.non_examples:
-        assert rule.id not in [m.rule.id for m in MATCHER.match(example)], example
+        got = [m.rule.id for m in MATCHER.match(example, _own_source(rule))]
+        assert rule.id not in got, example
+    if rule.sources:
+        # From anywhere else (a job printing the words) the rule stays silent.
+        for example in rule.examples:
+            for source in set(EvidenceSource) - set(rule.sources):
+                assert rule.id not in [m.rule.id for m in MATCHER.match(example, source)]
+            assert rule.id not in [m.rule.id for m in MATCHER.match(example, None)]
 
 
 def test_every_rule_reachable_from_some_example() -> None:
-    reached = {m.rule.id for r in CATALOG.rules for ex in r.examples for m in MATCHER.match(ex)}
+    reached = {
+        m.rule.id
+        for r in CATALOG.rules
+        for ex in r.examples
+        for m in MATCHER.match(ex, _own_source(r))
+    }
     assert reached == set(CATALOG.by_id)
 
 

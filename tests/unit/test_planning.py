@@ -107,15 +107,24 @@ def test_cause_key_names_category_and_culprits() -> None:
     assert cause_key(diagnosis(Action.RESTART, [], Category.USER_CODE)) == "user_code@-"
 
 
-def test_a_node_excluded_without_proof_is_the_same_cause_on_any_node() -> None:
+def test_a_node_only_the_job_names_is_the_same_cause_on_any_node() -> None:
     # A broken site prolog fails the job on gpu01, then on gpu02 after the restart that
-    # excluded gpu01: one cause, so the restart budget ends the walk across the cluster.
-    first = diagnosis(Action.RESTART_EXCLUDING, ["gpu01"], Category.NODE_DOWN)
-    second = diagnosis(Action.RESTART_EXCLUDING, ["gpu02"], Category.NODE_DOWN)
-    assert cause_key(first) == cause_key(second)
-    # Hardware proof on two nodes is two failures (two bad GPUs in a large cluster).
+    # excluded gpu01; only the job's output names them: one cause, so the restart budget
+    # ends the walk across the cluster. No culprit at all is the same cause too.
+    log = EvidenceSource.LOG
+    first = diagnosis(Action.RESTART_EXCLUDING, ["gpu01"], Category.NODE_DOWN, log)
+    second = diagnosis(Action.RESTART_EXCLUDING, ["gpu02"], Category.NODE_DOWN, log)
+    printed_drain = diagnosis(Action.DRAIN_AND_RESTART, ["gpu03"], Category.NODE_DOWN, log)
+    nobody = diagnosis(Action.RESTART, [], Category.NODE_DOWN, log)
+    assert len({cause_key(d) for d in (first, second, printed_drain, nobody)}) == 1
+    # Hardware proof on two nodes is two failures (two bad GPUs in a large cluster), and
+    # Slurm's own word on a node counts as proof.
     assert cause_key(diagnosis(Action.DRAIN_AND_RESTART, ["gpu01"])) != cause_key(
         diagnosis(Action.DRAIN_AND_RESTART, ["gpu02"])
+    )
+    slurm = EvidenceSource.SLURM
+    assert cause_key(diagnosis(Action.RESTART_EXCLUDING, ["gpu01"], Category.NODE_DOWN, slurm)) == (
+        "node_down@gpu01"
     )
 
 

@@ -67,7 +67,9 @@ _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
 # ("Fatal Python error: Aborted"); a dump under it shows where the process was when it
 # crashed (tune g-269: the watchdog's abort after a timeout), not a hung job's.
 _CRASH_HEADER = "Fatal Python error:"
+_LIVE_DUMP_HEADER = "python.live_stack_dump"
 _CRASH_DUMP_LINES = 400
+_MAX_DUMP_HEADERS = 10_000
 # A collective timeout whose sequence number is this low struck the job's first
 # collectives (the barrier and parameter broadcast that follow set-up).
 _START_UP_SEQ = 3
@@ -104,6 +106,11 @@ class _Collector:
     # name (a Ray actor's "ip:"); used only where nothing better names a culprit.
     fallback_hosts: list[str] = field(default_factory=list)
     fallback_ranks: list[int] = field(default_factory=list)
+    # Where stack dumps begin, per (file index, line): True for faulthandler's header of
+    # a dying process ("Fatal Python error: Aborted"), False for a dump taken of a live
+    # one ("Timeout (0:30:00)!", py-spy). Not capped per rule as findings are, so every
+    # rank's dump keeps its header however many ranks there are.
+    dump_headers: list[tuple[int, int, bool]] = field(default_factory=list)
     seq: int = 0
 
     def hosts(self) -> list[str]:
@@ -175,9 +182,12 @@ class Attributor:
         file_index: int,
         line_no: int,
     ) -> None:
+        if source is EvidenceSource.LOG and len(col.dump_headers) < _MAX_DUMP_HEADERS:
+            if _CRASH_HEADER in text:
+                col.dump_headers.append((file_index, line_no, True))
+            elif any(m.rule.id == _LIVE_DUMP_HEADER for m in matches):
+                col.dump_headers.append((file_index, line_no, False))
         for match in matches:
-            if match.rule.sources and source not in match.rule.sources:
-                continue
             # A line may name several ranks ("[missing ranks: 3, 6]"): one finding each.
             for named_rank in match.ranks or (match.rank,):
                 node, rank = ctx.node, ctx.rank
@@ -267,7 +277,7 @@ class Attributor:
             except OSError as error:
                 log.warning("cannot read log %s: %s", path, error)
         for offset, item in enumerate(request.evidence):
-            matches = self.matcher.match(item.text)
+            matches = self.matcher.match(item.text, item.source)
             if not matches:
                 continue
             ctx = parse_line(item.text, topo)
@@ -289,11 +299,13 @@ class Attributor:
             )
         if request.slurm is not None:
             for offset, (text, node) in enumerate(slurm_lines(request.slurm, request.nodelist)):
-                matches = self.matcher.match(text)
+                matches = self.matcher.match(text, EvidenceSource.SLURM)
                 if text.startswith("slurm node "):
-                    # A node's reason may itself be a catalog line ("Xid 79", "Kill task failed").
+                    # A node's reason may itself be a catalog line ("Xid 79", "Kill task
+                    # failed"); it is free text (an admin, a health check), not Slurm's
+                    # state, so the Slurm-state rules do not read it.
                     reason = text.split(" reason=", 1)[-1]
-                    matches = [*matches, *self.matcher.match(reason)]
+                    matches = [*matches, *self.matcher.match(reason, None)]
                 if matches:
                     ctx = LineContext(node=node)
                     self._record(
@@ -317,8 +329,9 @@ class Attributor:
 
     def decide(self, col: _Collector, topo: Topology, request: AttributionRequest) -> Diagnosis:
         findings = col.all()
-        crash_stacks = [f for f in findings if _in_crash_dump(f, findings)]
-        roots = [f for f in findings if f.rule.role is Role.ROOT and f not in crash_stacks]
+        crash_stacks = [f for f in findings if _in_crash_dump(f, col.dump_headers)]
+        demoted = {id(f) for f in crash_stacks}
+        roots = [f for f in findings if f.rule.role is Role.ROOT and id(f) not in demoted]
         cascades = [f for f in findings if f.rule.role is Role.CASCADE]
         confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION] + crash_stacks
         if roots:
@@ -612,18 +625,19 @@ def _context_above(primary: Finding, findings: list[Finding], *rule_ids: str) ->
     return None if ended else nearest
 
 
-def _in_crash_dump(finding: Finding, findings: list[Finding]) -> bool:
-    """A hang's stack-dump line that sits in the dump faulthandler printed as the process
-    died: a symptom of whatever killed it, which the other lines tell."""
+def _in_crash_dump(finding: Finding, headers: list[tuple[int, int, bool]]) -> bool:
+    """A hang's stack-dump line whose nearest dump header above is faulthandler's for a
+    dying process: a symptom of whatever killed it, which the other lines tell. Under a
+    dump taken of a live process (or no header at all) it is a hang report."""
     if finding.rule.id != "hang.stack_dump_in_collective":
         return False
     file, line = finding.order[0], finding.order[1]
-    return any(
-        _CRASH_HEADER in f.evidence.text
-        and f.order[0] == file
-        and 0 < line - f.order[1] <= _CRASH_DUMP_LINES
-        for f in findings
-    )
+    above = [
+        (at, crash)
+        for index, at, crash in headers
+        if index == file and 0 < line - at <= _CRASH_DUMP_LINES
+    ]
+    return max(above, default=(0, False))[1]
 
 
 def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:

@@ -21,7 +21,7 @@ import re2
 from trainmedic.catalog.correlation import undecorate
 from trainmedic.catalog.loader import XID_REGEX, Catalog
 from trainmedic.catalog.model import Rule
-from trainmedic.domain import Role
+from trainmedic.domain import EvidenceSource, Role
 
 # RE2 memory for the prefilter's lazily built DFA. When the state cache fills RE2
 # flushes it and goes on, so this bounds memory; 8 MiB (RE2's default) already holds
@@ -212,8 +212,13 @@ class Matcher:
             trigger_set.Compile()
             self._trigger_set = trigger_set
 
-    def match(self, line: str) -> list[LineMatch]:
-        """Every rule matching this line (already decoded, without newline)."""
+    def match(
+        self, line: str, source: EvidenceSource | None = EvidenceSource.LOG
+    ) -> list[LineMatch]:
+        """Every rule matching this line (already decoded, without newline) that reads
+        lines from `source`: a rule naming its sources (the Slurm-state rules) ignores a
+        job's log printing the same words. `None`: text of no known origin (a node's
+        free-text reason), read only by rules that accept any source."""
         if "\x1b" in line or line[:1] in _DECOR_STARTS:
             # Coloured output (rich tracebacks, loguru, Ray) puts escape codes between a
             # message's words and its end, and a quoted or shipped log puts "> " or a
@@ -236,6 +241,8 @@ class Matcher:
         for index in sorted(candidates):  # catalog order, as rules are listed
             compiled = self._patterns[index]
             if any(f.rule is compiled.rule for f in found):
+                continue
+            if compiled.rule.sources and source not in compiled.rule.sources:
                 continue
             hit = compiled.regex.search(line)
             if hit is None:

@@ -284,7 +284,7 @@ class NodeAgent:
         xids: list[int] = []
         descriptions: list[str] = []
         for line in lines:
-            matches = self._relevant(self.matcher.match(line.text))
+            matches = self._relevant(self.matcher.match(line.text, EvidenceSource.KERNEL))
             if not matches:
                 continue
             first = matches[0]
@@ -380,7 +380,7 @@ class NodeAgent:
         evidence: list[Evidence] = []
         rule_ids: list[str] = []
         for finding in found:
-            matches = self._relevant(self.matcher.match(finding.text))
+            matches = self._relevant(self.matcher.match(finding.text, EvidenceSource.NVML))
             if not matches:
                 log.info("node %s: %s (no catalog rule: not reported)", self.node, finding.text)
                 continue

@@ -231,14 +231,21 @@ def plan_effects(
 
 
 def cause_key(diagnosis: Diagnosis) -> str:
-    """'The same failure' for the restart budget: category and culprits.
+    """'The same failure' for the restart budget: the category, and the culprit nodes a
+    trusted source shows failing.
 
-    A node excluded without hardware proof (a failed prolog, a lost task) whose failure
-    comes back on another node is the same failure: what the nodes share (the site's
-    prolog, the job itself) is the cause, and keying on the node would exclude one more
-    node per restart and never spend the budget.
+    A node that only the job's own output names (a failed prolog, a lost task, a line
+    the job printed) is not part of the key: when the failure comes back on another
+    node, what the nodes share (the site's prolog, the job itself) is the cause, and
+    keying on the node would exclude one more node per restart and never spend the
+    budget. Hardware proof on two nodes stays two failures (two bad GPUs in a large
+    cluster).
     """
-    if diagnosis.action is Action.RESTART_EXCLUDING:
-        return f"{diagnosis.category.value}@any node"
-    culprits = ",".join(sorted(diagnosis.culprit_nodes)) or "-"
-    return f"{diagnosis.category.value}@{culprits}"
+    proven = sorted(
+        {
+            name
+            for name in diagnosis.culprit_nodes
+            if any(e.node == name and e.source in TRUSTED_SOURCES for e in diagnosis.evidence)
+        }
+    )
+    return f"{diagnosis.category.value}@{','.join(proven) or '-'}"
