@@ -241,11 +241,7 @@ def cause_key(diagnosis: Diagnosis) -> str:
     budget. Hardware proof on two nodes stays two failures (two bad GPUs in a large
     cluster).
     """
-    proven = sorted(
-        {
-            name
-            for name in diagnosis.culprit_nodes
-            if any(e.node == name and e.source in TRUSTED_SOURCES for e in diagnosis.evidence)
-        }
-    )
+    # Without Slurm's node states: only what the diagnosis's own evidence proves (Slurm's
+    # word on a node is in it as `slurm` evidence when the diagnosis rests on it).
+    proven = sorted(trusted_witnesses(diagnosis, {}))
     return f"{diagnosis.category.value}@{','.join(proven) or '-'}"
