@@ -3,11 +3,11 @@
 A job's log is its owner's input: one line of up to 64 KiB (the scanner's cut) that
 starts like a rule's trigger and then fails to match must not stall attribution, since a
 scan's deadline is checked between blocks, not inside one regex search. For each pattern
-and each of its triggers this builds lines of the trigger followed (directly or after a
-blank) by 60,000 repetitions
-of characters that feed backtracking (digits, slashes, dots, quotes, blanks, words), times
-`re.search` on each, and prints the slowest. A catastrophic pattern shows up as seconds;
-a linear one stays in the low milliseconds.
+and each of its triggers this builds lines of 60,000 repetitions of characters that feed
+backtracking (digits, slashes, dots, quotes, blanks, words), with the trigger in front of
+them or behind them (directly or across a blank: an unanchored pattern backtracks over
+what precedes its literal), times `re.search` on each, and prints the slowest. A
+catastrophic pattern shows up as seconds; a linear one stays in the low milliseconds.
 
     .venv/bin/python bench/regex_worst_case.py
 """
@@ -32,11 +32,14 @@ def main() -> int:
             for trigger in pattern.triggers or [""]:
                 for filler in FILLERS:
                     for joint in ("", " "):
-                        line = f"{trigger}{joint}{filler * REPEAT}!"
-                        start = time.perf_counter()
-                        regex.search(line)
-                        spent = time.perf_counter() - start
-                        timings.append((spent, rule.id, trigger, filler))
+                        for line in (
+                            f"{trigger}{joint}{filler * REPEAT}!",
+                            f"{filler * REPEAT}{joint}{trigger}!",
+                        ):
+                            start = time.perf_counter()
+                            regex.search(line)
+                            spent = time.perf_counter() - start
+                            timings.append((spent, rule.id, trigger, filler))
     timings.sort(reverse=True)
     for seconds, rule_id, trigger, filler in timings[:5]:
         print(f"{seconds * 1000:8.1f} ms  {rule_id}  trigger={trigger!r} filler={filler!r}")
