@@ -125,6 +125,22 @@ def test_a_job_printing_the_controllers_node_death_line_is_not_the_controller(
     )
 
 
+def test_a_job_printing_the_watchers_hang_line_is_not_a_hang(tmp_path: Path) -> None:
+    # Only the log watcher writes this line (source progress); a job printing it would
+    # otherwise turn an unexplained failure, escalated to a person, into a restart.
+    line = "trainmedic: no training progress for 600 s (last: step 12 at 2026-12-01T10:00:00Z)"
+    log = tmp_path / "out.log"
+    log.write_text(f"{line}\n")
+    printed = ENGINE.attribute(_req(log_paths=[str(log)]))
+    assert (printed.category, printed.action) == (Category.UNKNOWN, Action.ESCALATE)
+    as_log_evidence = ENGINE.attribute(
+        _req(evidence=[Evidence(source=EvidenceSource.LOG, text=line)])
+    )
+    assert as_log_evidence.category is Category.UNKNOWN
+    watched = ENGINE.attribute(_req(evidence=[Evidence(source=EvidenceSource.PROGRESS, text=line)]))
+    assert (watched.category, watched.action) == (Category.HANG, Action.RESTART)
+
+
 def test_node_outside_the_job_is_not_blamed() -> None:
     obs = SlurmObservation(job_state="FAILED", exit_code=1, node_states={"gpu09": "DOWN"})
     diagnosis = ENGINE.attribute(_req(slurm=obs))

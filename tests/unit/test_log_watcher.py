@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from trainmedic.catalog import Attributor, Matcher, load_catalog
-from trainmedic.domain import AttributionRequest, Category, Evidence
+from trainmedic.domain import AttributionRequest, Category, Evidence, EvidenceSource
 from trainmedic.domain.slurm import SlurmJob
 from trainmedic.watchers.base import ListSink
 from trainmedic.watchers.logs import LogWatchConfig, LogWatcher, output_paths
@@ -158,6 +158,7 @@ def test_hang_fires_once_after_the_configured_time_and_rearms(tmp_path: Path) ->
     last, synthetic = hang.evidence
     assert last.text == "[rank0]: step 2 loss 2.9" and last.line_no == 4 and last.rank == 0
     assert synthetic.text.startswith("trainmedic: no training progress for 2 s (last: step 2")
+    assert synthetic.source is EvidenceSource.PROGRESS  # the watcher's words, not the log's
     assert hang.nodes == NODES[:2]
     diagnosis = ATTRIBUTOR.attribute(AttributionRequest(job_id="5", evidence=hang.evidence))
     assert diagnosis.category is Category.HANG and "trainmedic.hang" in diagnosis.rule_ids

@@ -50,13 +50,6 @@ log = logging.getLogger(__name__)
 
 _MAX_FINDINGS_PER_RULE = 64  # bounded memory however many ranks repeat a line
 _MAX_EVIDENCE = 12
-_SOURCE_ORDER = {
-    EvidenceSource.KERNEL: 0,
-    EvidenceSource.NVML: 1,
-    EvidenceSource.SLURM: 2,
-    EvidenceSource.LOG: 3,
-    EvidenceSource.OPERATOR: 4,
-}
 _ISOLATING = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
 _SAYS_WHERE = (Action.ESCALATE, Action.STOP)  # name the node, with no effect on it
 _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes

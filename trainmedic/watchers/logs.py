@@ -673,7 +673,7 @@ class LogWatcher:
                 )
             )
         evidence.append(
-            Evidence(source=EvidenceSource.LOG, text=synthetic, rule_id="trainmedic.hang")
+            Evidence(source=EvidenceSource.PROGRESS, text=synthetic, rule_id="trainmedic.hang")
         )
         log.warning("job %s: %s", job.job_id, synthetic)
         return IncidentSignal(
