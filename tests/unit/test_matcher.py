@@ -1,13 +1,20 @@
-"""The trigger prefilter: RE2 and the `re` fallback find the same candidate lines."""
+"""The trigger prefilter and the rule patterns: RE2 and `re` find the same matches."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
+import re2
 
 from trainmedic.catalog import Matcher, load_catalog
-from trainmedic.catalog.matcher import compile_prefilter, literal_alternation
+from trainmedic.catalog.matcher import (
+    compile_prefilter,
+    linear_regex,
+    literal_alternation,
+    needs_backtracking,
+)
 
 CATALOG = load_catalog()
 RE2 = Matcher(CATALOG)
@@ -125,3 +132,76 @@ def test_an_xid_whose_pci_address_was_redacted_is_still_read(matcher: Matcher) -
         assert [m.rule.id for m in matcher.match(line)] == ["kernel.xid_145"], line
     real = matcher.match("NVRM: Xid (PCI:0000:3b:00): 145, RLW_RXPIPE Nonfatal")
     assert [m.rule.id for m in real] == ["kernel.xid_145"]
+
+
+def test_rule_patterns_run_on_re2_unless_re2_cannot_express_them() -> None:
+    # A job's log is its owner's input: on RE2 no line makes a pattern backtrack.
+    left_to_re = {regex for _, regex in RE2.backtracking}
+    for rule in CATALOG.rules:
+        if rule.xid is not None:
+            continue  # the Xid rules share one regex, with the number dispatched after
+        for pattern in rule.patterns:
+            try:
+                re2.compile(pattern.regex)
+                expressible = True
+            except re2.error:
+                expressible = False
+            assert (pattern.regex in left_to_re) is (not expressible), rule.id
+    assert len(left_to_re) < 20  # lookarounds mostly; a new one is a choice, not a slip
+    assert {rule for rule, _ in PLAIN.backtracking} == {
+        rule.id for rule in CATALOG.rules if rule.xid is None and rule.patterns
+    }
+
+
+def _corpus_lines() -> list[str]:
+    root = Path(__file__).resolve().parents[1] / "corpus"
+    return [
+        line
+        for path in sorted(root.rglob("*.log"))
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+    ]
+
+
+def test_re2_and_re_patterns_find_the_same_matches_on_real_and_own_lines() -> None:
+    # RE2's \d, \w, \s and \b are ASCII where re's are Unicode: on every line of the
+    # corpora (real excerpts nobody here wrote, and our own) and every example, both
+    # engines must name the same rules with the same captured ranks, hosts and sequences.
+    examples = [t for rule in CATALOG.rules for t in (*rule.examples, *rule.non_examples)]
+    lines = _corpus_lines() + examples
+    assert len(lines) > 5000
+    differ = [line for line in lines if RE2.match(line) != PLAIN.match(line)]
+    assert differ == []
+
+
+@pytest.mark.parametrize(
+    ("regex", "backtracks"),
+    [
+        (r"a*+b", True),  # possessive
+        (r"x{2,5}+", True),
+        (r"a?+", True),
+        (r"(a)\1", True),  # backreference
+        (r"(?=a)b", True),
+        (r"(?<!a)b", True),
+        (r"(?>ab)c", True),  # atomic group
+        (r"x{0,2000}", True),  # RE2 counts to 1000
+        (r"a*?b", False),  # lazy, which RE2 has
+        (r"x{2,5}?", False),
+        (r"a??", False),
+        (r"\*+ GSP", False),  # an escaped star, repeated
+        (r"[*+]+", False),  # a class of literals
+        (r"[\]+]+", False),
+        (r"[]a]+", False),
+        (r"(?:a)(?P<rank>\d+)", False),
+    ],
+)
+def test_needs_backtracking_knows_what_re2_cannot_express(regex: str, backtracks: bool) -> None:
+    assert needs_backtracking(regex) is backtracks
+    assert (linear_regex(regex, ignore_case=False) is None) is backtracks
+
+
+def test_linear_patterns_keep_case_folding_and_named_groups() -> None:
+    pattern = linear_regex(r"rank (?P<rank>\d+) failed", ignore_case=True)
+    assert pattern is not None
+    hit = pattern.search("[E] RANK 12 FAILED")
+    assert hit is not None and hit.groupdict() == {"rank": "12"}
+    assert linear_regex("rank", ignore_case=False).search("RANK") is None  # type: ignore[union-attr]

@@ -7,6 +7,16 @@ DFA pass, ~30x faster than `re`, which tries the alternatives at every byte
 (bench/scan_speed.py). `use_re2=False` builds the same prefilter with `re` over a
 trie-factored alternation, with the same matches: the tests' cross-check and the
 bench's baseline.
+
+The per-rule regexes run on RE2 too wherever RE2 can express them. A job's log is its
+owner's input, and `re` backtracks: one hostile line against a pattern with nested or
+adjacent repeats took seconds, four times in three reviews (bench/regex_worst_case.py
+found them one by one). RE2 runs in time linear in the line, which ends that class for
+every pattern it accepts. Patterns with lookarounds, backreferences or possessive
+repeats stay on `re` (`Matcher.backtracking` lists them) and the bench still times them.
+RE2's classes are ASCII (`\\d`, `\\w`, `\\s`, `\\b`), where `re`'s follow Unicode; a test
+runs both engines over the real corpus and every rule's examples and finds the same
+matches and the same captured groups.
 """
 
 from __future__ import annotations
@@ -27,6 +37,76 @@ from trainmedic.domain import EvidenceSource, Role
 # flushes it and goes on, so this bounds memory; 8 MiB (RE2's default) already holds
 # the catalog's automaton, the headroom is for much larger catalogs.
 _RE2_MAX_MEM = 32 << 20
+
+
+class PatternMatch(Protocol):
+    def groupdict(self) -> dict[str, str | None]: ...
+
+
+class LinePattern(Protocol):
+    """What a rule's compiled regex offers the matcher: `re.Pattern[str]` or RE2's."""
+
+    def search(self, text: str) -> PatternMatch | None: ...
+
+
+_BACKTRACKING_GROUPS = ("(?=", "(?!", "(?<=", "(?<!", "(?P=", "(?>")
+_RE2_MAX_REPEAT = 1000
+
+
+def needs_backtracking(regex: str) -> bool:
+    """Does `regex` use what RE2 cannot express: lookarounds, backreferences, atomic
+    groups, possessive repeats, or a counted repeat above RE2's 1000? Such patterns are
+    not offered to RE2, which would log a parse error for each."""
+    i, in_class, after_repeat = 0, False, False
+    while i < len(regex):
+        char = regex[i]
+        if char == "\\":
+            if not in_class and regex[i + 1 : i + 2] in tuple("123456789"):
+                return True  # a backreference
+            i, after_repeat = i + 2, False
+            continue
+        if in_class:
+            in_class = char != "]"
+            i += 1
+            continue
+        if char == "[":
+            in_class = True
+            i += 1
+            if regex[i : i + 1] == "^":
+                i += 1
+            if regex[i : i + 1] == "]":
+                i += 1  # a leading ] is a literal inside the class
+            after_repeat = False
+            continue
+        if char == "(" and regex.startswith(_BACKTRACKING_GROUPS, i):
+            return True
+        if char == "{":
+            close = regex.find("}", i)
+            bounds = regex[i + 1 : close].split(",") if close > i else []
+            if bounds and all(b.isdigit() or b == "" for b in bounds):
+                if any(b and int(b) > _RE2_MAX_REPEAT for b in bounds):
+                    return True
+                i, after_repeat = close + 1, True
+                continue
+        if char == "+" and after_repeat:
+            return True  # possessive
+        # "?" after a repeat makes it lazy, which RE2 has; it ends the repeat.
+        after_repeat = char in "*+?" and not after_repeat
+        i += 1
+    return False
+
+
+def linear_regex(regex: str, *, ignore_case: bool) -> LinePattern | None:
+    """`regex` compiled by RE2 (linear time in the line), or None where RE2 cannot run it."""
+    if needs_backtracking(regex):
+        return None
+    options = re2.Options()
+    options.case_sensitive = not ignore_case
+    try:
+        compiled: LinePattern = re2.compile(regex, options)
+    except re2.error:
+        return None
+    return compiled
 
 
 class PrefilterMatch(Protocol):
@@ -62,7 +142,7 @@ class LineMatch:
 @dataclass(frozen=True, slots=True)
 class _Compiled:
     rule: Rule
-    regex: re.Pattern[str]
+    regex: LinePattern
     triggers: tuple[str, ...]
     ignore_case: bool
     captures: bool  # the regex has named groups worth reading
@@ -150,7 +230,7 @@ def _numbers(text: str | None) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", text)) if text else ()
 
 
-def _with_captures(rule: Rule, hit: re.Match[str]) -> LineMatch:
+def _with_captures(rule: Rule, hit: PatternMatch) -> LineMatch:
     groups = hit.groupdict()
     return LineMatch(
         rule,
@@ -167,6 +247,9 @@ class Matcher:
     def __init__(self, catalog: Catalog, *, use_re2: bool = True) -> None:
         self.catalog = catalog
         self._patterns: list[_Compiled] = []
+        # The rule patterns left to `re`'s backtracking (RE2 cannot express them), as
+        # (rule id, regex): bench/regex_worst_case.py times these.
+        self.backtracking: list[tuple[str, str]] = []
         cs_triggers: set[str] = set()
         ci_triggers: set[str] = set()
         for rule in catalog.rules:
@@ -174,9 +257,15 @@ class Matcher:
                 continue  # all Xid rules share one regex, dispatched by number
             for pattern in rule.patterns:
                 triggers = tuple(t.lower() if pattern.ignore_case else t for t in pattern.triggers)
-                regex = pattern.compiled()
+                fallback = pattern.compiled()
+                regex: LinePattern | None = None
+                if use_re2:
+                    regex = linear_regex(pattern.regex, ignore_case=pattern.ignore_case)
+                if regex is None:
+                    regex = fallback
+                    self.backtracking.append((rule.id, pattern.regex))
                 self._patterns.append(
-                    _Compiled(rule, regex, triggers, pattern.ignore_case, bool(regex.groupindex))
+                    _Compiled(rule, regex, triggers, pattern.ignore_case, bool(fallback.groupindex))
                 )
                 (ci_triggers if pattern.ignore_case else cs_triggers).update(triggers)
         self._xid = re.compile(XID_REGEX)
