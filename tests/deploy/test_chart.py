@@ -200,7 +200,7 @@ def test_the_chart_declares_its_license_and_kubernetes_version(chart: Any) -> No
 def test_incluster_mode_objects(chart: Any) -> None:
     objects = render(chart, ci_values("incluster"))
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "ServiceAccount"]
+    assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "Service", "ServiceAccount"]
     spec = pod(objects, "Deployment")
     controller = container(spec, "controller")
     values = plain_env(controller)
@@ -237,7 +237,12 @@ def test_incluster_mode_objects(chart: Any) -> None:
 
 def test_ssh_mode_objects(chart: Any) -> None:
     objects = render(chart, ci_values("ssh"))
-    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "ServiceAccount"]
+    assert sorted(o["kind"] for o in objects) == [
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
     spec = pod(objects, "Deployment")
     controller = container(spec, "controller")
     values = plain_env(controller)
@@ -318,6 +323,7 @@ def test_every_trainmedic_variable_is_a_real_setting(chart: Any, mode: str) -> N
         "TRAINMEDIC_TEMPORAL_TLS_SERVER_NAME",
         "TRAINMEDIC_SPOOL_KEY_FILE",
         "TRAINMEDIC_NOTIFY_WEBHOOK_URL",
+        "TRAINMEDIC_METRICS_ADDRESS",
     }
     assert expected <= names
 
@@ -339,6 +345,7 @@ def test_the_rendered_environment_loads_in_settings(
     settings = load_settings()
     assert settings.cluster == ci_values(mode)["cluster"]
     assert settings.policy_file == Path("/etc/trainmedic/policy/policy.yaml")
+    assert settings.metrics_address == "0.0.0.0:9464"  # reachable from outside the pod
     if mode == "ssh":
         assert settings.slurm_access == "ssh"
         assert settings.ssh_host == "login1.cluster.example"
@@ -348,6 +355,29 @@ def test_the_rendered_environment_loads_in_settings(
         assert settings.slurm_access == "local"
         assert settings.slurm_conf == Path("/etc/slurm/slurm.conf")
         assert settings.spool_key_file is not None
+
+
+def test_metrics_are_served_to_the_cluster_behind_a_service(chart: Any) -> None:
+    objects = render(chart, merged(ci_values("ssh"), {"metrics": {"port": 9100}}))
+    spec = pod(objects, "Deployment")
+    controller = container(spec, "controller")
+    assert plain_env(controller)["TRAINMEDIC_METRICS_ADDRESS"] == "0.0.0.0:9100"
+    assert controller["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    assert service["metadata"]["name"] == "tm-trainmedic-metrics"
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    # The Service selects the controller's pod and nothing else (not the node agents).
+    selector = service["spec"]["selector"]
+    pod_labels = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]
+    assert selector.items() <= pod_labels["metadata"]["labels"].items()
+    assert selector["app.kubernetes.io/component"] == "controller"
+
+    off = render(chart, merged(ci_values("ssh"), {"metrics": {"port": 0}}))
+    controller = container(pod(off, "Deployment"), "controller")
+    assert plain_env(controller)["TRAINMEDIC_METRICS_ADDRESS"] == ""
+    assert "ports" not in controller and "Service" not in {o["kind"] for o in off}
+    refused = schema_error(chart, merged(ci_values("ssh"), {"metrics": {"port": 70000}}))
+    assert "metrics" in refused
 
 
 def test_temporal_tls_switch_and_mtls(chart: Any) -> None:
