@@ -1,0 +1,96 @@
+"""Tuning rounds 17 and 18 on tests/corpus/real/tune: ROCm's memory access fault, the
+fabric manager's failed service, a GPU failing NVIDIA's diagnostic, a launcher refused
+by SSH, and the base `Exception` class.
+
+Each line is published text from the tune case named beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.attribution_support import diagnose
+from trainmedic.domain import Action, Category
+
+# tune/g-439.log: gpt-neox on LUMI's AMD GPUs; every agent reports the fault.
+ROCM_FAULT = [
+    "GPU core dump failed",
+    "Memory access fault by GPU node-9 (Agent handle: 0x7d5f990) on address 0x14a1cfe01000. "
+    "Reason: Unknown.",
+    "Memory access fault by GPU node-6 (Agent handle: 0x7d5b060) on address 0x14c2c7e01000. "
+    "Reason: Unknown.",
+]
+
+# tune/g-428.log: `systemctl status` of a P5 node whose training deadlocked.
+FABRIC_MANAGER_FAILED = [
+    "● nvidia-fabricmanager.service - NVIDIA fabric manager service",
+    "     Active: failed (Result: exit-code) since Mon 2024-07-01 14:43:57 UTC; 5s ago",
+    "    Process: 444114 ExecStart=/usr/bin/nv-fabricmanager -c "
+    "/usr/share/nvidia/nvswitch/fabricmanager.cfg (code=exited, status=1/FAILURE)",
+]
+FABRIC_MANAGER_RUNNING = [
+    "● nvidia-fabricmanager.service - NVIDIA fabric manager service",
+    "     Active: active (running) since Mon 2024-07-01 14:43:57 UTC; 5s ago",
+    "    Process: 444114 ExecStart=/usr/bin/nv-fabricmanager -c "
+    "/usr/share/nvidia/nvswitch/fabricmanager.cfg (code=exited, status=0/SUCCESS)",
+]
+
+# tune/g-430.log: nvvs on a DGX-1 after training runs hung.
+DIAGNOSTIC = [
+    "\t\tMemory GPU5 ....................................... PASS",
+    "\t\tMemory GPU6 ....................................... FAIL",
+    "\t\t   *** Unable to create CUDA context",
+    "\t\t   *** Memory test initialization failed.",
+    "\t\tMemory GPU7 ....................................... PASS",
+]
+
+# tune/g-438.log: DeepSpeed's pdsh runner in containers without the workers' key.
+SSH_REFUSED = [
+    "172.17.0.2: Permission denied, please try again.",
+    "172.17.0.2: mchorse@172.17.0.2: Permission denied (publickey,password).",
+    "pdsh@6dca91c32bfd: 172.17.0.2: ssh exited with exit code 255",
+]
+
+# tune/g-455.log: torchrun's worker raises the base class.
+BASE_EXCEPTION = [
+    'File "./trainer.py", line 110, in train',
+    'raise Exception("test exception")',
+    "Exception: test exception",
+    "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
+    "(pid: 16651) of binary: /home/ubuntu/miniconda3/envs/aivanou-dev/bin/python",
+]
+
+
+def test_rocm_memory_access_fault_is_an_illegal_access(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, ROCM_FAULT)
+    assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
+    assert diagnosis.rule_ids[0] == "cuda.illegal_address"
+
+
+def test_a_failed_fabric_manager_service_is_the_fabric(tmp_path: Path) -> None:
+    assert diagnose(tmp_path, FABRIC_MANAGER_FAILED).category is Category.NVLINK_FABRIC
+    running = diagnose(tmp_path, FABRIC_MANAGER_RUNNING)
+    assert running.category is Category.UNKNOWN and not running.rule_ids
+
+
+def test_a_gpu_failing_the_diagnostic_is_hardware(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, DIAGNOSTIC)
+    assert diagnosis.category is Category.GPU_HARDWARE
+    assert diagnosis.rule_ids == ["kernel.gpu_diagnostic_failed"]  # the PASS lines say nothing
+    assert diagnose(tmp_path, [DIAGNOSTIC[0], DIAGNOSTIC[4]]).rule_ids == []
+
+
+def test_a_launcher_refused_by_ssh_stops(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, SSH_REFUSED)
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+    assert diagnosis.culprit_nodes == []  # nothing ran there: no node to blame
+    # A program's own permission error is not the launcher's login.
+    other = diagnose(tmp_path, ["PermissionError: [Errno 13] Permission denied: '/ckpt/step_1'"])
+    assert "launch.ssh_denied" not in other.rule_ids
+
+
+def test_the_base_exception_class_names_the_program(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, BASE_EXCEPTION)
+    assert diagnosis.category is Category.USER_CODE
+    assert diagnosis.action is Action.ESCALATE  # the class says nothing: a person looks
+    assert diagnosis.rule_ids[0] == "python.exception_other"
