@@ -205,6 +205,37 @@ async def test_advice_errors_are_one_line_and_exit_2(
         assert one_line(err) and why in err, (args, err)
 
 
+async def test_a_policy_change_from_a_stale_read_is_refused(
+    temporal_client: Client, controller: Worker
+) -> None:
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from trainmedic.advice import promoted_policy
+    from trainmedic.domain.control import SetPolicyRequest
+
+    cluster = unique_cluster("stale")
+    policy = await start_control(temporal_client, cluster, MONITOR)
+    handle = temporal_client.get_workflow_handle_for(
+        ControlWorkflow.run, control_workflow_id(cluster)
+    )
+    # Two operators read the same policy and promote different kinds.
+    alices, _ = promoted_policy(policy, Mode.MONITOR, Action.RESTART, Mode.APPROVE)
+    bobs, _ = promoted_policy(policy, Mode.MONITOR, Action.STOP, Mode.APPROVE)
+    await handle.execute_update(
+        ControlWorkflow.set_policy,
+        SetPolicyRequest(policy=alices, by="alice", reason="earned", expected=policy),
+    )
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(
+            ControlWorkflow.set_policy,
+            SetPolicyRequest(policy=bobs, by="bob", reason="earned", expected=policy),
+        )
+    assert "changed after it was read" in str(refused.value.cause)
+    kept = await handle.query(ControlWorkflow.current)
+    assert kept.policy == alices  # bob's write did not undo alice's promotion
+    assert [c.by for c in kept.changes][-1] == "alice"
+
+
 async def test_a_controller_restart_keeps_a_promotion_and_a_new_file_replaces_it(
     temporal_client: Client, controller: Worker, controller_settings: Any
 ) -> None:

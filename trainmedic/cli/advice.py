@@ -350,7 +350,8 @@ async def promote(
     handle = client.get_workflow_handle_for(ControlWorkflow.run, workflow_id)
     try:
         state = await handle.execute_update(
-            ControlWorkflow.set_policy, SetPolicyRequest(policy=policy, by=by, reason=said)
+            ControlWorkflow.set_policy,
+            SetPolicyRequest(policy=policy, by=by, reason=said, expected=control.policy),
         )
     except (WorkflowUpdateFailedError, RPCError) as error:
         raise _update_problem(

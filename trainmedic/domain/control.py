@@ -81,6 +81,11 @@ class SetPolicyRequest(BaseModel):
     policy: Policy
     by: str
     reason: str = ""
+    # The policy this one was derived from, as the caller read it: the change is refused
+    # when the cluster's policy is no longer that one (another change came in between),
+    # so that a read-modify-write (a promotion, the controller's start) never silently
+    # undoes someone else's change. None: replace whatever is there.
+    expected: Policy | None = None
 
 
 class IsolationRequest(BaseModel):

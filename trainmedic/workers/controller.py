@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from trainmedic.activities.attribution import AttributionActivities, AttributionEngine
@@ -161,34 +161,56 @@ def build_activities(
     ]
 
 
+# Another change between reading and writing the policy makes the write retry; three
+# changes in a row at one controller's start is not a race but a fight: say so.
+_POLICY_SYNC_ATTEMPTS = 3
+
+
 async def sync_policy(client: Client, settings: Settings, policy: Policy) -> None:
     """Make sure the cluster's ControlWorkflow runs and carries this policy version."""
     await ensure_control(client, settings.cluster, policy, settings.temporal_task_queue)
     handle = client.get_workflow_handle_for(
         ControlWorkflow.run, control_workflow_id(settings.cluster)
     )
-    current = await handle.query(ControlWorkflow.current)
-    if current.policy.version.startswith(f"{policy.version}+"):
-        # `trainmedic mode promote` raised action kinds on top of this same file: keep
-        # them (a restart must not undo an operator's promotion); a new file replaces them.
-        logger.info(
-            "policy of %s is %s: the file's %s with promotions, kept; copy them into the "
-            "file to make them permanent",
-            settings.cluster,
-            current.policy.version,
-            policy.version,
-        )
-        return
-    if current.policy != policy:
-        await handle.execute_update(
-            ControlWorkflow.set_policy,
-            SetPolicyRequest(
-                policy=policy,
-                by=f"worker@{os.uname().nodename}",
-                reason=f"policy {current.policy.version} -> {policy.version} at worker start",
-            ),
-        )
+    # Read, compare, write: the write names what was read, so a promotion that lands in
+    # between is not overwritten; the loop reads again and decides again (it keeps it).
+    for attempt in range(_POLICY_SYNC_ATTEMPTS):
+        current = await handle.query(ControlWorkflow.current)
+        if current.policy.version.startswith(f"{policy.version}+"):
+            # `trainmedic mode promote` raised action kinds on top of this same file: keep
+            # them (a restart must not undo an operator's promotion); a new file replaces
+            # them.
+            logger.info(
+                "policy of %s is %s: the file's %s with promotions, kept; copy them into the "
+                "file to make them permanent",
+                settings.cluster,
+                current.policy.version,
+                policy.version,
+            )
+            return
+        if current.policy == policy:
+            return
+        try:
+            await handle.execute_update(
+                ControlWorkflow.set_policy,
+                SetPolicyRequest(
+                    policy=policy,
+                    by=f"worker@{os.uname().nodename}",
+                    reason=f"policy {current.policy.version} -> {policy.version} at worker start",
+                    expected=current.policy,
+                ),
+            )
+        except WorkflowUpdateFailedError as error:
+            if attempt + 1 == _POLICY_SYNC_ATTEMPTS:
+                raise
+            logger.info(
+                "policy of %s changed while syncing (%s); reading it again",
+                settings.cluster,
+                error.cause or error,
+            )
+            continue
         logger.info("policy of %s updated to %s", settings.cluster, policy.version)
+        return
 
 
 def build_worker(

@@ -138,6 +138,12 @@ class ControlWorkflow:
     def _check_set_policy(self, request: SetPolicyRequest) -> None:
         if not request.by.strip():
             raise ValueError("say who changes the policy ('by')")
+        current = self.state.policy
+        if request.expected is not None and request.expected != current:
+            raise ValueError(
+                f"the policy changed after it was read (read {request.expected.version}, "
+                f"now {current.version}); read it again and retry"
+            )
 
     # -- safety rails ---------------------------------------------------------------------
 
