@@ -1,4 +1,5 @@
-"""`trainmedic incidents release NODE` needs a non-empty `--by`, like approve/reject."""
+"""`trainmedic incidents release NODE` needs a non-empty `--by`, like approve/reject, and
+goes the way `trainmedic nodes release` goes: the quarantine's confirmed update."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ from temporalio.client import WorkflowExecutionStatus
 from typer.testing import CliRunner
 
 from trainmedic.cli import incidents as incidents_cli
-from trainmedic.workflows.quarantine import ReleasePayload
+from trainmedic.workflows.quarantine import NodeQuarantineWorkflow, ReleasePayload
 
 
 class FakeHandle:
     def __init__(self, status: WorkflowExecutionStatus) -> None:
         self.status = status
-        self.signals: list[tuple[Any, Any]] = []
+        self.updates: list[tuple[Any, Any]] = []
 
     async def describe(self) -> Any:
         return type("Described", (), {"status": self.status})()
 
-    async def signal(self, signal: Any, payload: Any) -> None:
-        self.signals.append((signal, payload))
+    async def execute_update(self, update: Any, payload: Any) -> Any:
+        self.updates.append((update, payload))
+        return type("Status", (), {"state": "checking", "details": "health check runs"})()
 
 
 class FakeClient:
@@ -53,9 +55,10 @@ def test_release_sends_who_and_why(client: FakeClient) -> None:
     result = invoke("release", "gpu02", "--cluster", "prod", "--by", "alice", "--comment", "ok")
     assert result.exit_code == 0, result.output
     assert client.ids == ["node-prod-gpu02"]
-    [(_, payload)] = client.handle.signals
+    [(update, payload)] = client.handle.updates
+    assert update is NodeQuarantineWorkflow.release_node  # confirmed, not fire-and-forget
     assert payload == ReleasePayload(by="alice", comment="ok")
-    assert "release sent (by alice)" in result.output
+    assert "gpu02: released by alice (node-prod-gpu02); now checking" in result.output
 
 
 @pytest.mark.parametrize("by", [None, "", "   "])
@@ -64,7 +67,7 @@ def test_release_without_a_name_is_refused(client: FakeClient, by: str | None) -
     result = invoke(*args)
     assert result.exit_code == 2
     assert "--by" in result.output
-    assert client.handle.signals == []
+    assert client.handle.updates == []
 
 
 @pytest.mark.parametrize("verb", ["approve", "reject"])
@@ -79,8 +82,8 @@ def test_release_of_a_node_not_in_quarantine_says_so(client: FakeClient) -> None
     client.handle.status = WorkflowExecutionStatus.COMPLETED
     result = invoke("release", "gpu02", "--cluster", "prod", "--by", "alice")
     assert result.exit_code == 2
-    assert "not in quarantine" in result.output
-    assert client.handle.signals == []
+    assert "not held out" in result.output
+    assert client.handle.updates == []
 
 
 def test_release_refuses_a_bad_node_name(client: FakeClient) -> None:

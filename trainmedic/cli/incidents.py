@@ -477,23 +477,32 @@ def mode_cmd(
 
 
 async def release(client: Client, cluster: str, node: str, payload: ReleasePayload) -> str:
-    """Signal `release` to the node's NodeQuarantineWorkflow; returns its id. Describe,
-    not query, checks it first: a signal needs no worker running, so neither does this."""
+    """The quarantine's `release_node` update (`trainmedic nodes release` and `incidents
+    release`): confirmed or refused with the workflow's reason (unknown node, over,
+    already released, no name). The `release` signal stays for the Temporal UI."""
     workflow_id = quarantine_workflow_id(cluster, node)
     handle = client.get_workflow_handle_for(NodeQuarantineWorkflow.run, workflow_id)
     try:
         described = await handle.describe()
         if described.status is not WorkflowExecutionStatus.RUNNING:
             state = described.status.name.lower() if described.status else "closed"
-            raise Refused(f"{workflow_id} is finished ({state}); node {node} is not in quarantine")
-        await handle.signal(NodeQuarantineWorkflow.release, payload)
-    except RPCError as error:
-        if error.status is RPCStatusCode.NOT_FOUND:
             raise Refused(
-                f"node {node} of cluster {cluster} is not in quarantine (no {workflow_id})"
-            ) from None
-        raise _rpc_problem(error, workflow_id) from None
-    return workflow_id
+                f"node {node} is not held out on cluster {cluster}: its quarantine "
+                f"{workflow_id} is over ({state})"
+            )
+        status = await handle.execute_update(NodeQuarantineWorkflow.release_node, payload)
+    except (WorkflowUpdateFailedError, RPCError) as error:
+        raise _update_problem(
+            error,
+            workflow_id,
+            f"node {node} is not held out by trainmedic on cluster {cluster} "
+            f"(no quarantine {workflow_id})",
+        ) from None
+    return (
+        f"{node}: released by {payload.by} ({workflow_id}); now {status.state}: "
+        f"{status.details}. The health check runs and is recorded, then the node is resumed "
+        "if trainmedic drained it."
+    )
 
 
 @app.command("release")
@@ -509,20 +518,15 @@ def release_cmd(
     address: str | None = ADDRESS,
 ) -> None:
     """Let a quarantined node go back early (skips the cool-down; resumed only if
-    trainmedic drained it)."""
+    trainmedic drained it). The same as `trainmedic nodes release`."""
     try:
         validate_node_name(node)
     except HostlistError as error:
         raise typer.BadParameter(str(error), param_hint="NODE") from None
     where = cluster or settings().cluster
     payload = ReleasePayload(by=by, comment=comment)
-    workflow_id = _run(lambda client: release(client, where, node, payload), address)
-    console.print(
-        f"{workflow_id}: release sent (by {by}); `temporal workflow describe -w {workflow_id}`"
-        " shows what it does next",
-        markup=False,
-        soft_wrap=True,
-    )
+    said = _run(lambda client: release(client, where, node, payload), address)
+    console.print(said, markup=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------------- cancel

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from trainmedic.cli.common import console, settings
@@ -26,8 +26,8 @@ from trainmedic.cli.incidents import (
     Refused,
     _print_table,
     _run,
-    _update_problem,
     _who,
+    release,
 )
 from trainmedic.domain.hostlist import HostlistError, validate_node_name
 from trainmedic.durations import format_duration
@@ -35,7 +35,6 @@ from trainmedic.workflows.quarantine import (
     NodeQuarantineWorkflow,
     QuarantineStatus,
     ReleasePayload,
-    quarantine_workflow_id,
 )
 
 app = typer.Typer(
@@ -188,33 +187,6 @@ def list_cmd(
             row["next"],
         )
     _print_table(table)
-
-
-async def release(client: Client, cluster: str, node: str, payload: ReleasePayload) -> str:
-    """The `release_node` update; Refused says why not (unknown node, over, no name)."""
-    workflow_id = quarantine_workflow_id(cluster, node)
-    handle = client.get_workflow_handle_for(NodeQuarantineWorkflow.run, workflow_id)
-    try:
-        described = await handle.describe()
-        if described.status is not WorkflowExecutionStatus.RUNNING:
-            state = described.status.name.lower() if described.status else "closed"
-            raise Refused(
-                f"node {node} is not held out on cluster {cluster}: its quarantine "
-                f"{workflow_id} is over ({state})"
-            )
-        status = await handle.execute_update(NodeQuarantineWorkflow.release_node, payload)
-    except (WorkflowUpdateFailedError, RPCError) as error:
-        raise _update_problem(
-            error,
-            workflow_id,
-            f"node {node} is not held out by trainmedic on cluster {cluster} "
-            f"(no quarantine {workflow_id})",
-        ) from None
-    return (
-        f"{node}: released by {payload.by} ({workflow_id}); now {status.state}: "
-        f"{status.details}. The health check runs and is recorded, then the node is resumed "
-        "if trainmedic drained it."
-    )
 
 
 @app.command("release")
