@@ -1,13 +1,17 @@
 """Tuning rounds 17 and 18 on tests/corpus/real/tune: ROCm's memory access fault, the
 fabric manager's failed service, a GPU failing NVIDIA's diagnostic, a launcher refused
-by SSH, and the base `Exception` class.
+by SSH, and the base `Exception` class; then memory exhaustion in the words of Slurm,
+Kubernetes, Python's subprocess, ROCm and TensorFlow.
 
-Each line is published text from the tune case named beside it.
+Each line of the first part is published text from the tune case named beside it; the
+second part's lines follow the tools' own message formats.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from tests.unit.attribution_support import diagnose
 from trainmedic.domain import Action, Category
@@ -94,3 +98,64 @@ def test_the_base_exception_class_names_the_program(tmp_path: Path) -> None:
     assert diagnosis.category is Category.USER_CODE
     assert diagnosis.action is Action.ESCALATE  # the class says nothing: a person looks
     assert diagnosis.rule_ids[0] == "python.exception_other"
+
+
+# Memory exhaustion in the words of the tools that report it (their documented or source
+# formats, not corpus lines): which memory ran out decides between stop on the host's
+# memory and stop on the GPU's, and a warning is not a kill.
+@pytest.mark.parametrize(
+    ("line", "category", "rule"),
+    [
+        # Slurm's jobacct_gather enforcement (OverMemoryKill), "%ps exceeded memory limit".
+        (
+            "slurmstepd: error: StepId=4242.0 exceeded memory limit (8589934592 > 8388608000), "
+            "being killed",
+            Category.OOM_HOST,
+            "oom.host_slurm",
+        ),
+        (
+            "Some of your processes may have been killed by the cgroup out-of-memory handler.",
+            Category.OOM_HOST,
+            "oom.host_slurm",
+        ),
+        ("      Reason:       OOMKilled", Category.OOM_HOST, "oom.host_container"),
+        (
+            "subprocess.CalledProcessError: Command '['python', 'train.py']' died with "
+            "<Signals.SIGKILL: 9>.",
+            Category.OOM_HOST,
+            "proc.sigkill",
+        ),
+        (
+            "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
+            Category.OOM_GPU,
+            "oom.gpu_torch",
+        ),
+        (
+            "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating "
+            "tensor with shape[32,64,224,224] and type float on "
+            "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+            Category.OOM_GPU,
+            "oom.gpu_torch",
+        ),
+    ],
+)
+def test_memory_exhaustion_in_the_reporting_tools_words(
+    tmp_path: Path, line: str, category: Category, rule: str
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.rule_ids[0]) == (category, rule)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "java.lang.OutOfMemoryError: Java heap space",  # the JVM's heap, not a GPU
+        "slurmstepd: Exceeded step memory limit at some point.",  # a warning (benign g-061)
+        "OOM when allocating tensor with shape[1024] and type float on "
+        "/job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu",
+    ],
+)
+def test_other_memory_is_not_the_gpus(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.category is not Category.OOM_GPU
+    assert "oom.host_slurm" not in diagnosis.rule_ids
