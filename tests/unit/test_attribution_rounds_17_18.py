@@ -1,7 +1,8 @@
 """Tuning rounds 17 and 18 on tests/corpus/real/tune: ROCm's memory access fault, the
 fabric manager's failed service, a GPU failing NVIDIA's diagnostic, a launcher refused
 by SSH, and the base `Exception` class; then memory exhaustion in the words of Slurm,
-Kubernetes, Python's subprocess, ROCm and TensorFlow.
+Kubernetes, Python's subprocess, ROCm and TensorFlow, and launch and start-up failures
+in the words of the shell, srun, nvidia-smi, c10d and torch.compile.
 
 Each line of the first part is published text from the tune case named beside it; the
 second part's lines follow the tools' own message formats.
@@ -159,3 +160,77 @@ def test_other_memory_is_not_the_gpus(tmp_path: Path, line: str) -> None:
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.category is not Category.OOM_GPU
     assert "oom.host_slurm" not in diagnosis.rule_ids
+
+
+# Launch and start-up failures in the tools' own message formats.
+@pytest.mark.parametrize(
+    ("line", "category", "action", "rule"),
+    [
+        (
+            "/var/spool/slurmd/job4242/slurm_script: line 12: python3: command not found",
+            Category.USER_CODE,
+            Action.STOP,
+            "launch.program_not_runnable",
+        ),
+        (
+            "/bin/sh: 1: torchrun: not found",
+            Category.USER_CODE,
+            Action.STOP,
+            "launch.program_not_runnable",
+        ),
+        (
+            "srun: error: execve(): train.py: Permission denied",
+            Category.USER_CODE,
+            Action.STOP,
+            "launch.program_not_runnable",
+        ),
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make "
+            "sure that the latest NVIDIA driver is installed and running.",
+            Category.GPU_HARDWARE,
+            Action.RESTART,  # excluding the node, when the line says which (none here)
+            "cuda.no_device",
+        ),
+        (
+            "RuntimeError: Timed out initializing process group in store based barrier on rank: "
+            "3, for key: store_based_barrier_key:1 (world_size=8, worker_count=4, "
+            "timeout=0:30:00)",
+            Category.NETWORK_NCCL,
+            Action.ESCALATE,
+            "torch.store_timeout",
+        ),
+        (
+            "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+            Category.USER_CODE,
+            Action.ESCALATE,
+            "python.exception_other",
+        ),
+    ],
+)
+def test_launch_and_start_up_failures_in_the_tools_words(
+    tmp_path: Path, line: str, category: Category, action: Action, rule: str
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action, diagnosis.rule_ids[0]) == (
+        category,
+        action,
+        rule,
+    )
+
+
+def test_srun_names_the_node_whose_slurmd_timed_out(tmp_path: Path) -> None:
+    line = (
+        "srun: error: slurm_receive_msgs: [[gpu-03]:6818] failed: Socket timed out on "
+        "send/recv operation"
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["slurm.task_launch_failed"]
+    assert diagnosis.culprit_nodes == ["gpu-03"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["bash: module: command not found", "which: no nvidia-smi in (/usr/bin:/bin)"],
+)
+def test_a_missing_helper_command_is_not_the_program(tmp_path: Path, line: str) -> None:
+    assert "launch.program_not_runnable" not in diagnose(tmp_path, [line]).rule_ids
