@@ -2,7 +2,8 @@
 fabric manager's failed service, a GPU failing NVIDIA's diagnostic, a launcher refused
 by SSH, and the base `Exception` class; then memory exhaustion in the words of Slurm,
 Kubernetes, Python's subprocess, ROCm and TensorFlow, and launch and start-up failures
-in the words of the shell, srun, nvidia-smi, c10d and torch.compile.
+in the words of the shell, srun, nvidia-smi, c10d and torch.compile, and NCCL's own
+set-up and proxy warnings.
 
 Each line of the first part is published text from the tune case named beside it; the
 second part's lines follow the tools' own message formats.
@@ -234,3 +235,48 @@ def test_srun_names_the_node_whose_slurmd_timed_out(tmp_path: Path) -> None:
 )
 def test_a_missing_helper_command_is_not_the_program(tmp_path: Path, line: str) -> None:
     assert "launch.program_not_runnable" not in diagnose(tmp_path, [line]).rule_ids
+
+
+# NCCL's own warnings (init.cc, shm.h, proxy.cc): a launch mapping two ranks to one GPU
+# and a container's small /dev/shm are set-up that a restart repeats; the proxy failing
+# a peer is what survivors print after someone else's failure.
+@pytest.mark.parametrize(
+    ("line", "category", "action"),
+    [
+        (
+            "gpu01:1234:1234 [0] init.cc:763 NCCL WARN Duplicate GPU detected : rank 1 and "
+            "rank 0 both on CUDA device 1a000",
+            Category.USER_CODE,
+            Action.STOP,
+        ),
+        (
+            "gpu01:1234:1234 [0] include/shm.h:48 NCCL WARN Error while creating shared memory "
+            "segment /dev/shm/nccl-KkM0Gc (size 9637888)",
+            Category.STORAGE_IO,
+            Action.STOP,
+        ),
+        (
+            "gpu01:1234:5678 [0] proxy.cc:1495 NCCL WARN [Proxy Service] Failed to execute "
+            "operation Connect from rank 3, retcode 3",
+            Category.NETWORK_NCCL,
+            Action.RESTART,
+        ),
+    ],
+)
+def test_nccl_set_up_and_proxy_warnings(
+    tmp_path: Path, line: str, category: Category, action: Action
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (category, action)
+
+
+def test_a_proxy_failure_yields_to_the_error_that_caused_it(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+            "gpu01:1234:5678 [0] proxy.cc:1523 NCCL WARN [Service thread] Error encountered "
+            "progressing operation=Connect, res=3, closing connection",
+        ],
+    )
+    assert diagnosis.category is Category.OOM_GPU
