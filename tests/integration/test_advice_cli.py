@@ -211,7 +211,7 @@ async def test_a_policy_change_from_a_stale_read_is_refused(
     from temporalio.client import WorkflowUpdateFailedError
 
     from trainmedic.advice import promoted_policy
-    from trainmedic.domain.control import SetPolicyRequest
+    from trainmedic.domain.control import SetModeRequest, SetPolicyRequest
 
     cluster = unique_cluster("stale")
     policy = await start_control(temporal_client, cluster, MONITOR)
@@ -219,21 +219,38 @@ async def test_a_policy_change_from_a_stale_read_is_refused(
         ControlWorkflow.run, control_workflow_id(cluster)
     )
     # Two operators read the same policy and promote different kinds.
+    read = (await handle.query(ControlWorkflow.current)).autonomy()
     alices, _ = promoted_policy(policy, Mode.MONITOR, Action.RESTART, Mode.APPROVE)
     bobs, _ = promoted_policy(policy, Mode.MONITOR, Action.STOP, Mode.APPROVE)
     await handle.execute_update(
         ControlWorkflow.set_policy,
-        SetPolicyRequest(policy=alices, by="alice", reason="earned", expected=policy),
+        SetPolicyRequest(policy=alices, by="alice", reason="earned", expected=read),
     )
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(
             ControlWorkflow.set_policy,
-            SetPolicyRequest(policy=bobs, by="bob", reason="earned", expected=policy),
+            SetPolicyRequest(policy=bobs, by="bob", reason="earned", expected=read),
         )
-    assert "changed after it was read" in str(refused.value.cause)
+    assert "changed after they were read" in str(refused.value.cause)
     kept = await handle.query(ControlWorkflow.current)
     assert kept.policy == alices  # bob's write did not undo alice's promotion
     assert [c.by for c in kept.changes][-1] == "alice"
+
+    # A mode change between reading and writing refuses the write too: a promotion
+    # computed from the old mode would pin the other kinds to it.
+    read = kept.autonomy()
+    other = Mode.APPROVE if kept.mode is Mode.MONITOR else Mode.MONITOR
+    await handle.execute_update(
+        ControlWorkflow.set_mode, SetModeRequest(mode=other, by="carol", reason="drill")
+    )
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(
+            ControlWorkflow.set_policy,
+            SetPolicyRequest(policy=bobs, by="bob", reason="earned", expected=read),
+        )
+    said = str(refused.value.cause)
+    assert f"read policy {alices.version}, mode {kept.mode.value}" in said
+    assert f"now policy {alices.version}, mode {other.value}" in said
 
 
 async def test_a_controller_restart_keeps_a_promotion_and_a_new_file_replaces_it(

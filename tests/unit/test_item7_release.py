@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateRPCTimeoutOrCancelledError
 from typer.testing import CliRunner
 
 from trainmedic.cli import incidents as incidents_cli
@@ -17,13 +17,20 @@ class FakeHandle:
     def __init__(self, status: WorkflowExecutionStatus) -> None:
         self.status = status
         self.updates: list[tuple[Any, Any]] = []
+        self.signals: list[tuple[Any, Any]] = []
+        self.controller_down = False
 
     async def describe(self) -> Any:
         return type("Described", (), {"status": self.status})()
 
-    async def execute_update(self, update: Any, payload: Any) -> Any:
+    async def execute_update(self, update: Any, payload: Any, **_: Any) -> Any:
         self.updates.append((update, payload))
+        if self.controller_down:
+            raise WorkflowUpdateRPCTimeoutOrCancelledError()
         return type("Status", (), {"state": "checking", "details": "health check runs"})()
+
+    async def signal(self, signal: Any, payload: Any) -> None:
+        self.signals.append((signal, payload))
 
 
 class FakeClient:
@@ -91,3 +98,14 @@ def test_release_refuses_a_bad_node_name(client: FakeClient) -> None:
     assert result.exit_code == 2
     assert "invalid node name" in result.output
     assert client.ids == []
+
+
+def test_release_while_no_controller_runs_is_kept_as_a_signal(client: FakeClient) -> None:
+    # An update needs a running controller; the signal waits in Temporal for one.
+    client.handle.controller_down = True
+    result = invoke("release", "gpu02", "--cluster", "prod", "--by", "alice")
+    assert result.exit_code == 0, result.output
+    [(signal, payload)] = client.handle.signals
+    assert signal is NodeQuarantineWorkflow.release
+    assert payload == ReleasePayload(by="alice")
+    assert "no controller answered" in result.output and "takes effect when" in result.output

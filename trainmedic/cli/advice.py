@@ -351,7 +351,7 @@ async def promote(
     try:
         state = await handle.execute_update(
             ControlWorkflow.set_policy,
-            SetPolicyRequest(policy=policy, by=by, reason=said, expected=control.policy),
+            SetPolicyRequest(policy=policy, by=by, reason=said, expected=control.autonomy()),
         )
     except (WorkflowUpdateFailedError, RPCError) as error:
         raise _update_problem(

@@ -22,6 +22,7 @@ from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -66,6 +67,8 @@ app = typer.Typer(
 
 T = TypeVar("T")
 QUERY_TIMEOUT = timedelta(seconds=10)
+# An update needs a running controller; past this the CLI says so instead of waiting.
+UPDATE_TIMEOUT = timedelta(seconds=15)
 
 ADDRESS = typer.Option(
     None, "--address", help="Temporal address (default: TRAINMEDIC_TEMPORAL_ADDRESS)."
@@ -479,7 +482,9 @@ def mode_cmd(
 async def release(client: Client, cluster: str, node: str, payload: ReleasePayload) -> str:
     """The quarantine's `release_node` update (`trainmedic nodes release` and `incidents
     release`): confirmed or refused with the workflow's reason (unknown node, over,
-    already released, no name). The `release` signal stays for the Temporal UI."""
+    already released, no name). When no controller takes it in time (down, restarting),
+    the `release` signal is sent instead: Temporal keeps it and the quarantine acts on
+    it once a controller runs (the Temporal UI sends the same signal)."""
     workflow_id = quarantine_workflow_id(cluster, node)
     handle = client.get_workflow_handle_for(NodeQuarantineWorkflow.run, workflow_id)
     try:
@@ -490,7 +495,17 @@ async def release(client: Client, cluster: str, node: str, payload: ReleasePaylo
                 f"node {node} is not held out on cluster {cluster}: its quarantine "
                 f"{workflow_id} is over ({state})"
             )
-        status = await handle.execute_update(NodeQuarantineWorkflow.release_node, payload)
+        try:
+            status = await handle.execute_update(
+                NodeQuarantineWorkflow.release_node, payload, rpc_timeout=UPDATE_TIMEOUT
+            )
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            await handle.signal(NodeQuarantineWorkflow.release, payload)
+            return (
+                f"{node}: no controller answered within {UPDATE_TIMEOUT.seconds} s; the "
+                f"release by {payload.by} is recorded on {workflow_id} and takes effect when "
+                "a controller runs (`trainmedic nodes` shows it then)."
+            )
     except (WorkflowUpdateFailedError, RPCError) as error:
         raise _update_problem(
             error,

@@ -51,6 +51,15 @@ class Offense(OffenseRequest):
     at: datetime
 
 
+class Autonomy(BaseModel):
+    """What a change of policy is derived from: the policy, the cluster's mode and its
+    breaker. A promotion reads all three (it pins the other kinds to the mode it saw)."""
+
+    policy: Policy
+    mode: Mode
+    breaker_tripped_at: datetime | None = None
+
+
 class ControlState(BaseModel):
     cluster: str
     mode: Mode
@@ -63,6 +72,11 @@ class ControlState(BaseModel):
     restarts: list[RestartRecord] = Field(default_factory=list)
     # Repeat offenders: the quarantines of the policy's window (rails.record_offense).
     offenses: list[Offense] = Field(default_factory=list)
+
+    def autonomy(self) -> Autonomy:
+        return Autonomy(
+            policy=self.policy, mode=self.mode, breaker_tripped_at=self.breaker_tripped_at
+        )
 
 
 class ControlInput(BaseModel):
@@ -81,11 +95,13 @@ class SetPolicyRequest(BaseModel):
     policy: Policy
     by: str
     reason: str = ""
-    # The policy this one was derived from, as the caller read it: the change is refused
-    # when the cluster's policy is no longer that one (another change came in between),
-    # so that a read-modify-write (a promotion, the controller's start) never silently
-    # undoes someone else's change. None: replace whatever is there.
-    expected: Policy | None = None
+    # The policy, mode and breaker this change was derived from, as the caller read them
+    # (ControlState.autonomy()): the change is refused when any of them is no longer so
+    # (another change, a mode change or a breaker trip came in between), so that a
+    # read-modify-write (a promotion, the controller's start) never silently undoes
+    # someone else's change or re-arms a breaker that tripped meanwhile. None: replace
+    # whatever is there.
+    expected: Autonomy | None = None
 
 
 class IsolationRequest(BaseModel):

@@ -197,7 +197,7 @@ async def sync_policy(client: Client, settings: Settings, policy: Policy) -> Non
                     policy=policy,
                     by=f"worker@{os.uname().nodename}",
                     reason=f"policy {current.policy.version} -> {policy.version} at worker start",
-                    expected=current.policy,
+                    expected=current.autonomy(),
                 ),
             )
         except WorkflowUpdateFailedError as error:

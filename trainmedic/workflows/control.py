@@ -138,11 +138,16 @@ class ControlWorkflow:
     def _check_set_policy(self, request: SetPolicyRequest) -> None:
         if not request.by.strip():
             raise ValueError("say who changes the policy ('by')")
-        current = self.state.policy
+        current = self.state.autonomy()
         if request.expected is not None and request.expected != current:
+            read = request.expected
             raise ValueError(
-                f"the policy changed after it was read (read {request.expected.version}, "
-                f"now {current.version}); read it again and retry"
+                "the cluster's policy, mode or breaker changed after they were read (read "
+                f"policy {read.policy.version}, mode {read.mode.value}, breaker "
+                f"{'open' if read.breaker_tripped_at else 'closed'}; now policy "
+                f"{current.policy.version}, mode {current.mode.value}, breaker "
+                f"{'open' if current.breaker_tripped_at else 'closed'}); read them again "
+                "and retry"
             )
 
     # -- safety rails ---------------------------------------------------------------------
