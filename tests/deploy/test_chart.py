@@ -379,6 +379,24 @@ def test_metrics_are_served_to_the_cluster_behind_a_service(chart: Any) -> None:
     refused = schema_error(chart, merged(ci_values("ssh"), {"metrics": {"port": 70000}}))
     assert "metrics" in refused
 
+    # The Service name is a DNS label: a long release name still fits in 63 characters.
+    long_release = "a" * 53
+    rendered = chart.render(ci_values("ssh"), name=long_release, namespace=NAMESPACE)
+    services = [
+        doc
+        for path, text in rendered.items()
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc and doc.get("kind") == "Service"
+    ]
+    (long_service,) = services
+    assert len(long_service["metadata"]["name"]) <= 63
+    assert long_service["metadata"]["name"].endswith("-metrics")
+
+    ipv6 = render(chart, merged(ci_values("ssh"), {"metrics": {"bindAddress": "[::]"}}))
+    controller = container(pod(ipv6, "Deployment"), "controller")
+    assert plain_env(controller)["TRAINMEDIC_METRICS_ADDRESS"] == "[::]:9464"
+
 
 def test_temporal_tls_switch_and_mtls(chart: Any) -> None:
     def controller_env(change: Obj) -> dict[str, str]:

@@ -86,13 +86,28 @@ def test_a_gpu_failing_the_diagnostic_is_hardware(tmp_path: Path) -> None:
     assert diagnose(tmp_path, [DIAGNOSTIC[0], DIAGNOSTIC[4]]).rule_ids == []
 
 
-def test_a_launcher_refused_by_ssh_stops(tmp_path: Path) -> None:
+def test_a_launcher_refused_by_ssh_is_for_a_person(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, SSH_REFUSED)
-    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
-    assert diagnosis.culprit_nodes == []  # nothing ran there: no node to blame
+    # The key missing everywhere (the set-up) or one node's login broken (that node):
+    # the text does not say which, so a person looks; nothing ran there to restart.
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.ESCALATE)
+    assert diagnosis.rule_ids[0] == "launch.ssh_denied"
     # A program's own permission error is not the launcher's login.
     other = diagnose(tmp_path, ["PermissionError: [Errno 13] Permission denied: '/ckpt/step_1'"])
     assert "launch.ssh_denied" not in other.rule_ids
+
+
+def test_a_jobs_own_refused_git_login_does_not_decide(tmp_path: Path) -> None:
+    # A best-effort `git pull` refused by a code host, then a transient GPU error: the
+    # error decides (review: the refusal used to turn this restart into a stop).
+    lines = [
+        "git@github.com: Permission denied (publickey).",
+        "RuntimeError: CUDA error: unknown error",
+    ]
+    alone = diagnose(tmp_path, lines[1:])
+    both = diagnose(tmp_path, lines)
+    assert "launch.ssh_denied" not in both.rule_ids
+    assert (both.category, both.action) == (alone.category, alone.action)
 
 
 def test_the_base_exception_class_names_the_program(tmp_path: Path) -> None:
@@ -100,6 +115,29 @@ def test_the_base_exception_class_names_the_program(tmp_path: Path) -> None:
     assert diagnosis.category is Category.USER_CODE
     assert diagnosis.action is Action.ESCALATE  # the class says nothing: a person looks
     assert diagnosis.rule_ids[0] == "python.exception_other"
+    # A program logging one it handled is not one it died of (review).
+    timeout = (
+        "[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600010 milliseconds before timing out."
+    )
+    logged = diagnose(tmp_path, ["WARNING: Exception: connection reset, retrying", timeout])
+    assert "python.exception_other" not in logged.rule_ids
+    assert logged.action is Action.RESTART
+
+
+def test_rocm_faults_of_the_hardware_are_not_a_programs_bad_access(tmp_path: Path) -> None:
+    line = (
+        "Memory access fault by GPU node-3 (Agent handle: 0x55d1a0) on address (nil). "
+        "Reason: SRAM ECC failure (ie registers, no fault address)."
+    )
+    assert "cuda.illegal_address" not in diagnose(tmp_path, [line]).rule_ids
+    imprecise = (
+        "Memory access fault by GPU node-4 (Agent handle: 0x55d1a0) on address "
+        "0x7f3a00000000(may not be exact address). Reason: Page not present or supervisor "
+        "privilege."
+    )
+    assert diagnose(tmp_path, [imprecise]).rule_ids == ["cuda.illegal_address"]
 
 
 # Memory exhaustion in the words of the tools that report it (their documented or source

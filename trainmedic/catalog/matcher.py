@@ -12,11 +12,17 @@ The per-rule regexes run on RE2 too wherever RE2 can express them. A job's log i
 owner's input, and `re` backtracks: one hostile line against a pattern with nested or
 adjacent repeats took seconds, four times in three reviews (bench/regex_worst_case.py
 found them one by one). RE2 runs in time linear in the line, which ends that class for
-every pattern it accepts. Patterns with lookarounds, backreferences or possessive
-repeats stay on `re` (`Matcher.backtracking` lists them) and the bench still times them.
-RE2's classes are ASCII (`\\d`, `\\w`, `\\s`, `\\b`), where `re`'s follow Unicode; a test
-runs both engines over the real corpus and every rule's examples and finds the same
-matches and the same captured groups.
+every pattern it accepts. Patterns that RE2 cannot express, or would read differently,
+stay on `re` (needs_python_re; `Matcher.on_python_re` lists them: today lookarounds,
+and one count above RE2's 1000) and the bench still times them.
+
+Where both engines run a pattern they still differ on some characters: RE2's `\\d`, `\\w`
+and `\\b` are ASCII where `re`'s follow Unicode, its `\\s` leaves out `\\v` and Unicode
+spaces (NBSP), and its case folding differs for a few letters (the dotless i). A test
+runs both engines over every line of the corpora and every rule's examples and finds
+the same matches and the same captured groups; no real log line seen so far tells them
+apart. A line with a lone surrogate (only evidence that arrived as JSON can carry one)
+has no UTF-8 form: RE2 reads it with the surrogate replaced.
 """
 
 from __future__ import annotations
@@ -49,23 +55,35 @@ class LinePattern(Protocol):
     def search(self, text: str) -> PatternMatch | None: ...
 
 
-_BACKTRACKING_GROUPS = ("(?=", "(?!", "(?<=", "(?<!", "(?P=", "(?>")
+# Group openings that RE2 does not have: lookarounds, backreferences by name, atomic
+# groups, comments and conditionals.
+_PYTHON_ONLY_GROUPS = ("(?=", "(?!", "(?<=", "(?<!", "(?P=", "(?>", "(?#", "(?(")
+# Escapes RE2 does not have: \Z (RE2 spells it \z) and Python's Unicode escapes.
+_PYTHON_ONLY_ESCAPES = frozenset("ZuUN0123456789")
+# Inline flags RE2 does not have (it has i, m, s and U).
+_PYTHON_ONLY_FLAGS = frozenset("aLux")
+_INLINE_FLAGS = re.compile(r"\(\?([a-zA-Z-]+)[:)]")
 _RE2_MAX_REPEAT = 1000
 
 
-def needs_backtracking(regex: str) -> bool:
-    """Does `regex` use what RE2 cannot express: lookarounds, backreferences, atomic
-    groups, possessive repeats, or a counted repeat above RE2's 1000? Such patterns are
-    not offered to RE2, which would log a parse error for each."""
+def needs_python_re(regex: str) -> bool:
+    """Must `regex` stay on `re`: does it use what RE2 cannot express (lookarounds,
+    backreferences, atomic groups, possessive repeats, a count above RE2's 1000,
+    comments, conditionals, \\Z, Unicode escapes, the flags a, L, u and x), or what RE2
+    reads differently (`{,n}` is a repeat to `re` and text to RE2; `[[:alpha:]]` is a set
+    of characters to `re` and a POSIX class to RE2)? Such patterns are not offered to
+    RE2, which would log a parse error for each or, worse, match something else."""
     i, in_class, after_repeat = 0, False, False
     while i < len(regex):
         char = regex[i]
         if char == "\\":
-            if not in_class and regex[i + 1 : i + 2] in tuple("123456789"):
-                return True  # a backreference
+            if regex[i + 1 : i + 2] in _PYTHON_ONLY_ESCAPES:
+                return True  # a backreference, an octal escape, \Z, \u, \U, \N
             i, after_repeat = i + 2, False
             continue
         if in_class:
+            if char == "[" and regex[i + 1 : i + 2] == ":":
+                return True  # RE2 would read a POSIX class here
             in_class = char != "]"
             i += 1
             continue
@@ -76,15 +94,21 @@ def needs_backtracking(regex: str) -> bool:
                 i += 1
             if regex[i : i + 1] == "]":
                 i += 1  # a leading ] is a literal inside the class
+            elif regex[i : i + 2] == "[:":
+                return True
             after_repeat = False
             continue
-        if char == "(" and regex.startswith(_BACKTRACKING_GROUPS, i):
-            return True
+        if char == "(" and regex[i + 1 : i + 2] == "?":
+            if regex.startswith(_PYTHON_ONLY_GROUPS, i):
+                return True
+            flags = _INLINE_FLAGS.match(regex, i)
+            if flags and _PYTHON_ONLY_FLAGS.intersection(flags.group(1)):
+                return True
         if char == "{":
             close = regex.find("}", i)
             bounds = regex[i + 1 : close].split(",") if close > i else []
             if bounds and all(b.isdigit() or b == "" for b in bounds):
-                if any(b and int(b) > _RE2_MAX_REPEAT for b in bounds):
+                if bounds[0] == "" or any(b and int(b) > _RE2_MAX_REPEAT for b in bounds):
                     return True
                 i, after_repeat = close + 1, True
                 continue
@@ -98,7 +122,7 @@ def needs_backtracking(regex: str) -> bool:
 
 def linear_regex(regex: str, *, ignore_case: bool) -> LinePattern | None:
     """`regex` compiled by RE2 (linear time in the line), or None where RE2 cannot run it."""
-    if needs_backtracking(regex):
+    if needs_python_re(regex):
         return None
     options = re2.Options()
     options.case_sensitive = not ignore_case
@@ -247,9 +271,9 @@ class Matcher:
     def __init__(self, catalog: Catalog, *, use_re2: bool = True) -> None:
         self.catalog = catalog
         self._patterns: list[_Compiled] = []
-        # The rule patterns left to `re`'s backtracking (RE2 cannot express them), as
-        # (rule id, regex): bench/regex_worst_case.py times these.
-        self.backtracking: list[tuple[str, str]] = []
+        # The rule patterns left to `re`'s backtracking (needs_python_re), as (rule id,
+        # regex): bench/regex_worst_case.py asks linear_regex the same and times them.
+        self.on_python_re: list[tuple[str, str]] = []
         cs_triggers: set[str] = set()
         ci_triggers: set[str] = set()
         for rule in catalog.rules:
@@ -263,7 +287,7 @@ class Matcher:
                     regex = linear_regex(pattern.regex, ignore_case=pattern.ignore_case)
                 if regex is None:
                     regex = fallback
-                    self.backtracking.append((rule.id, pattern.regex))
+                    self.on_python_re.append((rule.id, pattern.regex))
                 self._patterns.append(
                     _Compiled(rule, regex, triggers, pattern.ignore_case, bool(fallback.groupindex))
                 )
@@ -316,7 +340,12 @@ class Matcher:
         found: list[LineMatch] = []
         candidates: set[int] = set()
         if self._trigger_set is not None:
-            for number in self._trigger_set.Match(line) or ():
+            try:
+                numbers = self._trigger_set.Match(line)
+            except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form for RE2
+                line = line.encode("utf-8", "replace").decode("utf-8")
+                numbers = self._trigger_set.Match(line)
+            for number in numbers or ():
                 candidates.update(self._set_index[number][1])
         else:
             for trigger, indexes in self._cs_index:

@@ -58,8 +58,9 @@ class EvidenceSource(StrEnum):
     # node's slurmd did not answer the controller (or Slurm agreed). See channel/liveness.
     AGENT_HEARTBEAT = "agent_heartbeat"
     # The log watcher's own observation that a running job's logs stopped showing
-    # training progress (watchers/progress.py). Its line is written by trainmedic, never
-    # read from a job's log, so a job cannot claim a hang of itself by printing it.
+    # training progress (watchers/logs.py, with watchers/progress.py's markers). Its line
+    # is written by trainmedic, never read from a job's log, so a job cannot claim a hang
+    # of itself by printing it.
     PROGRESS = "progress"
 
 

@@ -17,6 +17,11 @@
 {{- end }}
 {{- end }}
 
+{{/* The metrics Service: a DNS label, so at most 63 characters with its suffix. */}}
+{{- define "trainmedic.metricsService" -}}
+{{- include "trainmedic.fullname" . | trunc 55 | trimSuffix "-" }}-metrics
+{{- end }}
+
 {{- define "trainmedic.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
