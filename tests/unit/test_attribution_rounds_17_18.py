@@ -2,8 +2,9 @@
 fabric manager's failed service, a GPU failing NVIDIA's diagnostic, a launcher refused
 by SSH, and the base `Exception` class; then memory exhaustion in the words of Slurm,
 Kubernetes, Python's subprocess, ROCm and TensorFlow, and launch and start-up failures
-in the words of the shell, srun, nvidia-smi, c10d and torch.compile, and NCCL's own
-set-up and proxy warnings.
+in the words of the shell, srun, nvidia-smi, c10d and torch.compile, NCCL's own set-up
+and proxy warnings, and nodes, containers and links failing in the words of Slurm, Ray,
+the kubelet and mlx5.
 
 Each line of the first part is published text from the tune case named beside it; the
 second part's lines follow the tools' own message formats.
@@ -318,3 +319,52 @@ def test_a_proxy_failure_yields_to_the_error_that_caused_it(tmp_path: Path) -> N
         ],
     )
     assert diagnosis.category is Category.OOM_GPU
+
+
+# Nodes, containers and links failing, in Slurm's, Ray's, the kubelet's and mlx5's words.
+@pytest.mark.parametrize(
+    ("line", "category", "rule"),
+    [
+        (
+            "slurmstepd: error: *** STEP 123.0 STEPD TERMINATED ON gpu-03 AT "
+            "2024-01-01T00:00:00 DUE TO JOB NOT ENDING WITH SIGNALS ***",
+            Category.NODE_DOWN,
+            "slurm.kill_task_failed",
+        ),
+        (
+            "ray.exceptions.ActorDiedError: The actor died because its node has died. "
+            "Node Id: 8f3c",
+            Category.NODE_DOWN,
+            "ray.node_marked_dead",
+        ),
+        (
+            "ray.exceptions.NodeDiedError: Task failed due to the node dying.",
+            Category.NODE_DOWN,
+            "ray.node_marked_dead",
+        ),
+        ("Error: Job failed: Container was OOMKilled", Category.OOM_HOST, "oom.host_container"),
+        (
+            "  Warning  Evicted    2m    kubelet  The node was low on resource: memory.",
+            Category.OOM_HOST,
+            "oom.host_container",
+        ),
+        (
+            "mlx5_core 0000:1a:00.0: Port module event: module 0, Cable unplugged",
+            Category.INFINIBAND_NIC,
+            "kernel.mlx5_link_down",
+        ),
+    ],
+)
+def test_nodes_containers_and_links_in_the_tools_words(
+    tmp_path: Path, line: str, category: Category, rule: str
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.rule_ids[0]) == (category, rule)
+
+
+def test_an_unkillable_step_names_its_node(tmp_path: Path) -> None:
+    line = (
+        "slurmstepd: error: *** JOB 123 STEPD TERMINATED ON gpu-03 AT 2024-01-01T00:00:00 "
+        "DUE TO JOB NOT ENDING WITH SIGNALS ***"
+    )
+    assert diagnose(tmp_path, [line]).culprit_nodes == ["gpu-03"]
