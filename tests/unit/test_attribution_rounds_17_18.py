@@ -368,3 +368,13 @@ def test_an_unkillable_step_names_its_node(tmp_path: Path) -> None:
         "DUE TO JOB NOT ENDING WITH SIGNALS ***"
     )
     assert diagnose(tmp_path, [line]).culprit_nodes == ["gpu-03"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["OSError: [Errno 24] Too many open files", "RuntimeError: received 0 items of ancdata"],
+)
+def test_running_out_of_open_files_is_the_data_loaders(tmp_path: Path, line: str) -> None:
+    # tune/g-245.log: DataLoader workers sharing tensors by file descriptor, 4 GPUs.
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
