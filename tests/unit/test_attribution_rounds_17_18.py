@@ -3,8 +3,8 @@ fabric manager's failed service, a GPU failing NVIDIA's diagnostic, a launcher r
 by SSH, and the base `Exception` class; then memory exhaustion in the words of Slurm,
 Kubernetes, Python's subprocess, ROCm and TensorFlow, and launch and start-up failures
 in the words of the shell, srun, nvidia-smi, c10d and torch.compile, NCCL's own set-up
-and proxy warnings, and nodes, containers and links failing in the words of Slurm, Ray,
-the kubelet and mlx5.
+and proxy warnings, nodes, containers and links failing in the words of Slurm, Ray,
+the kubelet and mlx5, requests Slurm refuses and job scripts bash cannot run.
 
 Each line of the first part is published text from the tune case named beside it; the
 second part's lines follow the tools' own message formats.
@@ -378,3 +378,65 @@ def test_running_out_of_open_files_is_the_data_loaders(tmp_path: Path, line: str
     # tune/g-245.log: DataLoader workers sharing tensors by file descriptor, 4 GPUs.
     diagnosis = diagnose(tmp_path, [line])
     assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
+
+
+# Requests Slurm can never grant as asked, and job scripts bash cannot run, in their words.
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        (
+            "srun: error: Unable to allocate resources: Invalid account or account/partition "
+            "combination specified",
+            "slurm.request_refused",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Invalid generic resource (gres) "
+            "specification",
+            "slurm.request_refused",
+        ),
+        (
+            "srun: error: Unable to create step for job 1234: More processors requested than "
+            "permitted",
+            "slurm.request_refused",
+        ),
+        (
+            "/var/spool/slurmd/job4242/slurm_script: line 14: syntax error near unexpected "
+            "token `('",
+            "launch.job_script_error",
+        ),
+        (
+            "/var/spool/slurmd/job4242/slurm_script: line 7: NUM_GPUS: unbound variable",
+            "launch.job_script_error",
+        ),
+        (
+            "EnvironmentNameNotFound: Could not find conda environment: llm",
+            "launch.job_script_error",
+        ),
+    ],
+)
+def test_requests_and_scripts_that_cannot_run_stop(tmp_path: Path, line: str, rule: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action, diagnosis.rule_ids[0]) == (
+        Category.USER_CODE,
+        Action.STOP,
+        rule,
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "srun: error: Unable to create step for job 1234: Job/step already completing or completed",
+        "srun: error: Unable to allocate resources: Socket timed out on send/recv operation",
+    ],
+)
+def test_refusals_that_can_pass_later_do_not_stop(tmp_path: Path, line: str) -> None:
+    assert "slurm.request_refused" not in diagnose(tmp_path, [line]).rule_ids
+
+
+def test_a_jit_build_for_an_unknown_gpu_is_the_toolkit(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, ["nvcc fatal   : Unsupported gpu architecture 'compute_90'"])
+    assert (diagnosis.category, diagnosis.rule_ids[0]) == (
+        Category.CUDA_SOFTWARE,
+        "cuda.no_kernel_image",
+    )
