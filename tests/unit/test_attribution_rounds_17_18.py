@@ -4,7 +4,8 @@ by SSH, and the base `Exception` class; then memory exhaustion in the words of S
 Kubernetes, Python's subprocess, ROCm and TensorFlow, and launch and start-up failures
 in the words of the shell, srun, nvidia-smi, c10d and torch.compile, NCCL's own set-up
 and proxy warnings, nodes, containers and links failing in the words of Slurm, Ray,
-the kubelet and mlx5, requests Slurm refuses and job scripts bash cannot run.
+the kubelet and mlx5, requests Slurm refuses and job scripts bash cannot run; then
+round 19's InfiniBand flush and timeout(1)'s exit status.
 
 Each line of the first part is published text from the tune case named beside it; the
 second part's lines follow the tools' own message formats.
@@ -440,3 +441,27 @@ def test_a_jit_build_for_an_unknown_gpu_is_the_toolkit(tmp_path: Path) -> None:
         Category.CUDA_SOFTWARE,
         "cuda.no_kernel_image",
     )
+
+
+def test_flushed_ib_requests_are_the_aftermath_not_the_cause(tmp_path: Path) -> None:
+    # tune/g-480.log: status 5 is IBV_WC_WR_FLUSH_ERR, requests flushed after the queue
+    # pair had failed; the cause is elsewhere, so restart once.
+    flushed = (
+        "NET/IB : Got completion from peer 10.42.0.2<47534> with error 5, opcode 48, "
+        "len 32764, vendor err 244"
+    )
+    diagnosis = diagnose(tmp_path, [flushed])
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
+    assert diagnosis.rule_ids == ["nccl.ib_flushed"]
+    retry_exceeded = flushed.replace("error 5,", "error 12,")
+    assert diagnose(tmp_path, [retry_exceeded]).rule_ids == ["nccl.ib_completion_error"]
+
+
+def test_exit_status_124_is_the_job_scripts_timeout(tmp_path: Path) -> None:
+    # tune/g-478.log: GNU timeout's status for the command it stopped.
+    line = (
+        "failed (exitcode: 124) local_rank: 0 (pid: 94384) of binary: "
+        "/home/beomseok/anaconda3/envs/vila/bin/python3.10"
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.RESTART)
