@@ -465,3 +465,35 @@ def test_exit_status_124_is_the_job_scripts_timeout(tmp_path: Path) -> None:
     )
     diagnosis = diagnose(tmp_path, [line])
     assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.RESTART)
+
+
+@pytest.mark.parametrize(
+    ("line", "category", "action"),
+    [
+        # EACCES on the job's own path: its rights are the same at every requeue.
+        (
+            "PermissionError: [Errno 13] Permission denied: '/checkpoints/run1'",
+            Category.USER_CODE,
+            Action.STOP,
+        ),
+        # EROFS: a read-only mount by design or a file system that remounted itself.
+        (
+            "OSError: [Errno 30] Read-only file system: '/checkpoints/step_100'",
+            Category.STORAGE_IO,
+            Action.ESCALATE,
+        ),
+        # DeepSpeed's op builder against a toolkit torch was not built with.
+        (
+            "deepspeed.ops.op_builder.builder.CUDAMismatchException: >- DeepSpeed Op Builder: "
+            "Installed CUDA version 12.4 does not match the version torch was compiled with "
+            "12.1, unable to compile cuda/cpp extensions without a matching cuda version.",
+            Category.CUDA_SOFTWARE,
+            Action.ESCALATE,
+        ),
+    ],
+)
+def test_paths_and_toolkits_in_the_programs_words(
+    tmp_path: Path, line: str, category: Category, action: Action
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (category, action)
