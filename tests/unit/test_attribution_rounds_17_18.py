@@ -265,7 +265,7 @@ def test_srun_names_the_node_whose_slurmd_timed_out(tmp_path: Path) -> None:
         "send/recv operation"
     )
     diagnosis = diagnose(tmp_path, [line])
-    assert diagnosis.rule_ids == ["slurm.task_launch_failed"]
+    assert diagnosis.rule_ids == ["slurm.node_unreachable"]
     assert diagnosis.culprit_nodes == ["gpu-03"]
 
 
@@ -337,12 +337,12 @@ def test_a_proxy_failure_yields_to_the_error_that_caused_it(tmp_path: Path) -> N
             "ray.exceptions.ActorDiedError: The actor died because its node has died. "
             "Node Id: 8f3c",
             Category.NODE_DOWN,
-            "ray.node_marked_dead",
+            "ray.node_died",
         ),
         (
             "ray.exceptions.NodeDiedError: Task failed due to the node dying.",
             Category.NODE_DOWN,
-            "ray.node_marked_dead",
+            "ray.node_died",
         ),
         ("Error: Job failed: Container was OOMKilled", Category.OOM_HOST, "oom.host_container"),
         (
@@ -560,3 +560,15 @@ def test_a_helper_missing_its_interpreter_yields_to_the_jobs_error(tmp_path: Pat
         "OSError: [Errno 5] Input/output error",
     ]
     assert diagnose(tmp_path, lines).rule_ids[0] != "launch.program_not_runnable"
+
+
+def test_a_slurmd_timeout_yields_to_the_jobs_own_error(tmp_path: Path) -> None:
+    # srun may time out on a node's slurmd while the job runs on (review): the job's own
+    # error decides, and no innocent node is excluded for it.
+    lines = [
+        "srun: error: slurm_receive_msgs: [[gpu-03]:6818] failed: Socket timed out on "
+        "send/recv operation",
+        "ValueError: Input sequence length 8192 exceeds max_position_embeddings 4096",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.action is Action.STOP and diagnosis.culprit_nodes == []
