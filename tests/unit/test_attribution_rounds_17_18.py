@@ -59,13 +59,14 @@ SSH_REFUSED = [
     "pdsh@6dca91c32bfd: 172.17.0.2: ssh exited with exit code 255",
 ]
 
-# tune/g-455.log: torchrun's worker raises the base class.
+# A torchrun worker raising the base class, as Python and torchrun print it (the tune
+# case this came from was left out: its stored copy had lost its indentation).
 BASE_EXCEPTION = [
-    'File "./trainer.py", line 110, in train',
-    'raise Exception("test exception")',
+    '  File "./trainer.py", line 110, in train',
+    '    raise Exception("test exception")',
     "Exception: test exception",
     "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
-    "(pid: 16651) of binary: /home/ubuntu/miniconda3/envs/aivanou-dev/bin/python",
+    "(pid: 16651) of binary: /usr/bin/python",
 ]
 
 
