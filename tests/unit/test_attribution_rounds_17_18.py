@@ -146,47 +146,39 @@ def test_rocm_faults_of_the_hardware_are_not_a_programs_bad_access(tmp_path: Pat
 # Memory exhaustion in the words of the tools that report it (their documented or source
 # formats, not corpus lines): which memory ran out decides between stop on the host's
 # memory and stop on the GPU's, and a warning is not a kill.
-@pytest.mark.parametrize(
-    ("line", "category", "rule"),
-    [
-        # Slurm's jobacct_gather enforcement (OverMemoryKill), "%ps exceeded memory limit".
-        (
-            "slurmstepd: error: StepId=4242.0 exceeded memory limit (8589934592 > 8388608000), "
-            "being killed",
-            Category.OOM_HOST,
-            "oom.host_slurm",
-        ),
-        (
-            "Some of your processes may have been killed by the cgroup out-of-memory handler.",
-            Category.OOM_HOST,
-            "oom.host_slurm",
-        ),
-        ("      Reason:       OOMKilled", Category.OOM_HOST, "oom.host_container"),
-        (
-            "subprocess.CalledProcessError: Command '['python', 'train.py']' died with "
-            "<Signals.SIGKILL: 9>.",
-            Category.OOM_HOST,
-            "proc.sigkill",
-        ),
-        (
-            "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
-            Category.OOM_GPU,
-            "oom.gpu_torch",
-        ),
-        (
-            "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating "
-            "tensor with shape[32,64,224,224] and type float on "
-            "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
-            Category.OOM_GPU,
-            "oom.gpu_torch",
-        ),
-    ],
-)
-def test_memory_exhaustion_in_the_reporting_tools_words(
-    tmp_path: Path, line: str, category: Category, rule: str
-) -> None:
-    diagnosis = diagnose(tmp_path, [line])
-    assert (diagnosis.category, diagnosis.rule_ids[0]) == (category, rule)
+MEMORY_EXHAUSTION = [
+    # Slurm's jobacct_gather enforcement (OverMemoryKill), "%ps exceeded memory limit".
+    (
+        "slurmstepd: error: StepId=4242.0 exceeded memory limit (8589934592 > 8388608000), "
+        "being killed",
+        Category.OOM_HOST,
+        "oom.host_slurm",
+    ),
+    (
+        "Some of your processes may have been killed by the cgroup out-of-memory handler.",
+        Category.OOM_HOST,
+        "oom.host_slurm",
+    ),
+    ("      Reason:       OOMKilled", Category.OOM_HOST, "oom.host_container"),
+    (
+        "subprocess.CalledProcessError: Command '['python', 'train.py']' died with "
+        "<Signals.SIGKILL: 9>.",
+        Category.OOM_HOST,
+        "proc.sigkill",
+    ),
+    (
+        "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
+        Category.OOM_GPU,
+        "oom.gpu_torch",
+    ),
+    (
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating "
+        "tensor with shape[32,64,224,224] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        Category.OOM_GPU,
+        "oom.gpu_torch",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -282,34 +274,26 @@ def test_a_missing_helper_command_is_not_the_program(tmp_path: Path, line: str) 
 # is set-up that a restart repeats; no room in /dev/shm is a small container or a node
 # that earlier jobs filled; the proxy failing a peer is what survivors print after
 # someone else's failure.
-@pytest.mark.parametrize(
-    ("line", "category", "action"),
-    [
-        (
-            "gpu01:1234:1234 [0] init.cc:763 NCCL WARN Duplicate GPU detected : rank 1 and "
-            "rank 0 both on CUDA device 1a000",
-            Category.USER_CODE,
-            Action.STOP,
-        ),
-        (
-            "gpu01:1234:1234 [0] include/shm.h:48 NCCL WARN Error while creating shared memory "
-            "segment /dev/shm/nccl-KkM0Gc (size 9637888)",
-            Category.STORAGE_IO,
-            Action.ESCALATE,  # a small container's /dev/shm, or one earlier jobs filled
-        ),
-        (
-            "gpu01:1234:5678 [0] proxy.cc:1495 NCCL WARN [Proxy Service] Failed to execute "
-            "operation Connect from rank 3, retcode 3",
-            Category.NETWORK_NCCL,
-            Action.RESTART,
-        ),
-    ],
-)
-def test_nccl_set_up_and_proxy_warnings(
-    tmp_path: Path, line: str, category: Category, action: Action
-) -> None:
-    diagnosis = diagnose(tmp_path, [line])
-    assert (diagnosis.category, diagnosis.action) == (category, action)
+NCCL_SET_UP_AND_PROXY = [
+    (
+        "gpu01:1234:1234 [0] init.cc:763 NCCL WARN Duplicate GPU detected : rank 1 and "
+        "rank 0 both on CUDA device 1a000",
+        Category.USER_CODE,
+        Action.STOP,
+    ),
+    (
+        "gpu01:1234:1234 [0] include/shm.h:48 NCCL WARN Error while creating shared memory "
+        "segment /dev/shm/nccl-KkM0Gc (size 9637888)",
+        Category.STORAGE_IO,
+        Action.ESCALATE,  # a small container's /dev/shm, or one earlier jobs filled
+    ),
+    (
+        "gpu01:1234:5678 [0] proxy.cc:1495 NCCL WARN [Proxy Service] Failed to execute "
+        "operation Connect from rank 3, retcode 3",
+        Category.NETWORK_NCCL,
+        Action.RESTART,
+    ),
+]
 
 
 def test_a_proxy_failure_yields_to_the_error_that_caused_it(tmp_path: Path) -> None:
@@ -325,35 +309,34 @@ def test_a_proxy_failure_yields_to_the_error_that_caused_it(tmp_path: Path) -> N
 
 
 # Nodes and containers failing, in Slurm's, Ray's and the kubelet's words.
-@pytest.mark.parametrize(
-    ("line", "category", "rule"),
-    [
-        (
-            "slurmstepd: error: *** STEP 123.0 STEPD TERMINATED ON gpu-03 AT "
-            "2024-01-01T00:00:00 DUE TO JOB NOT ENDING WITH SIGNALS ***",
-            Category.NODE_DOWN,
-            "slurm.kill_task_failed",
-        ),
-        (
-            "ray.exceptions.ActorDiedError: The actor died because its node has died. "
-            "Node Id: 8f3c",
-            Category.NODE_DOWN,
-            "ray.node_died",
-        ),
-        (
-            "ray.exceptions.NodeDiedError: Task failed due to the node dying.",
-            Category.NODE_DOWN,
-            "ray.node_died",
-        ),
-        ("Error: Job failed: Container was OOMKilled", Category.OOM_HOST, "oom.host_container"),
-        (
-            "  Warning  Evicted    2m    kubelet  The node was low on resource: memory.",
-            Category.OOM_HOST,
-            "oom.host_evicted",
-        ),
-    ],
-)
-def test_nodes_containers_and_links_in_the_tools_words(
+NODES_AND_CONTAINERS = [
+    (
+        "slurmstepd: error: *** STEP 123.0 STEPD TERMINATED ON gpu-03 AT "
+        "2024-01-01T00:00:00 DUE TO JOB NOT ENDING WITH SIGNALS ***",
+        Category.NODE_DOWN,
+        "slurm.kill_task_failed",
+    ),
+    (
+        "ray.exceptions.ActorDiedError: The actor died because its node has died. Node Id: 8f3c",
+        Category.NODE_DOWN,
+        "ray.node_died",
+    ),
+    (
+        "ray.exceptions.NodeDiedError: Task failed due to the node dying.",
+        Category.NODE_DOWN,
+        "ray.node_died",
+    ),
+    ("Error: Job failed: Container was OOMKilled", Category.OOM_HOST, "oom.host_container"),
+    (
+        "  Warning  Evicted    2m    kubelet  The node was low on resource: memory.",
+        Category.OOM_HOST,
+        "oom.host_evicted",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "category", "rule"), MEMORY_EXHAUSTION + NODES_AND_CONTAINERS)
+def test_failures_in_the_reporting_tools_words(
     tmp_path: Path, line: str, category: Category, rule: str
 ) -> None:
     diagnosis = diagnose(tmp_path, [line])
@@ -467,32 +450,32 @@ def test_exit_status_124_is_the_job_scripts_timeout(tmp_path: Path) -> None:
     assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.RESTART)
 
 
-@pytest.mark.parametrize(
-    ("line", "category", "action"),
-    [
-        # EACCES on the job's own path: its rights are the same at every requeue.
-        (
-            "PermissionError: [Errno 13] Permission denied: '/checkpoints/run1'",
-            Category.USER_CODE,
-            Action.STOP,
-        ),
-        # EROFS: a read-only mount by design or a file system that remounted itself.
-        (
-            "OSError: [Errno 30] Read-only file system: '/checkpoints/step_100'",
-            Category.STORAGE_IO,
-            Action.ESCALATE,
-        ),
-        # DeepSpeed's op builder against a toolkit torch was not built with.
-        (
-            "deepspeed.ops.op_builder.builder.CUDAMismatchException: >- DeepSpeed Op Builder: "
-            "Installed CUDA version 12.4 does not match the version torch was compiled with "
-            "12.1, unable to compile cuda/cpp extensions without a matching cuda version.",
-            Category.CUDA_SOFTWARE,
-            Action.ESCALATE,
-        ),
-    ],
-)
-def test_paths_and_toolkits_in_the_programs_words(
+PATHS_AND_TOOLKITS = [
+    # EACCES on the job's own path: its rights are the same at every requeue.
+    (
+        "PermissionError: [Errno 13] Permission denied: '/checkpoints/run1'",
+        Category.USER_CODE,
+        Action.STOP,
+    ),
+    # EROFS: a read-only mount by design or a file system that remounted itself.
+    (
+        "OSError: [Errno 30] Read-only file system: '/checkpoints/step_100'",
+        Category.STORAGE_IO,
+        Action.ESCALATE,
+    ),
+    # DeepSpeed's op builder against a toolkit torch was not built with.
+    (
+        "deepspeed.ops.op_builder.builder.CUDAMismatchException: >- DeepSpeed Op Builder: "
+        "Installed CUDA version 12.4 does not match the version torch was compiled with "
+        "12.1, unable to compile cuda/cpp extensions without a matching cuda version.",
+        Category.CUDA_SOFTWARE,
+        Action.ESCALATE,
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "category", "action"), NCCL_SET_UP_AND_PROXY + PATHS_AND_TOOLKITS)
+def test_set_up_paths_and_toolkits_in_the_tools_words(
     tmp_path: Path, line: str, category: Category, action: Action
 ) -> None:
     diagnosis = diagnose(tmp_path, [line])
