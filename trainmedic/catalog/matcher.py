@@ -28,7 +28,7 @@ has no UTF-8 form: RE2 reads it with the surrogate replaced.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +52,8 @@ class PatternMatch(Protocol):
 class LinePattern(Protocol):
     """What a rule's compiled regex offers the matcher: `re.Pattern[str]` or RE2's."""
 
+    @property
+    def groupindex(self) -> Mapping[str, int]: ...
     def search(self, text: str) -> PatternMatch | None: ...
 
 
@@ -281,15 +283,14 @@ class Matcher:
                 continue  # all Xid rules share one regex, dispatched by number
             for pattern in rule.patterns:
                 triggers = tuple(t.lower() if pattern.ignore_case else t for t in pattern.triggers)
-                fallback = pattern.compiled()
                 regex: LinePattern | None = None
                 if use_re2:
                     regex = linear_regex(pattern.regex, ignore_case=pattern.ignore_case)
                 if regex is None:
-                    regex = fallback
+                    regex = pattern.compiled()
                     self.on_python_re.append((rule.id, pattern.regex))
                 self._patterns.append(
-                    _Compiled(rule, regex, triggers, pattern.ignore_case, bool(fallback.groupindex))
+                    _Compiled(rule, regex, triggers, pattern.ignore_case, bool(regex.groupindex))
                 )
                 (ci_triggers if pattern.ignore_case else cs_triggers).update(triggers)
         self._xid = re.compile(XID_REGEX)
