@@ -59,6 +59,10 @@ class Autonomy(BaseModel):
     mode: Mode
     breaker_tripped_at: datetime | None = None
 
+    def __str__(self) -> str:
+        breaker = "open" if self.breaker_tripped_at else "closed"
+        return f"policy {self.policy.version}, mode {self.mode.value}, breaker {breaker}"
+
 
 class ControlState(BaseModel):
     cluster: str

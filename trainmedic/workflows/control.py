@@ -140,14 +140,9 @@ class ControlWorkflow:
             raise ValueError("say who changes the policy ('by')")
         current = self.state.autonomy()
         if request.expected is not None and request.expected != current:
-            read = request.expected
             raise ValueError(
                 "the cluster's policy, mode or breaker changed after they were read (read "
-                f"policy {read.policy.version}, mode {read.mode.value}, breaker "
-                f"{'open' if read.breaker_tripped_at else 'closed'}; now policy "
-                f"{current.policy.version}, mode {current.mode.value}, breaker "
-                f"{'open' if current.breaker_tripped_at else 'closed'}); read them again "
-                "and retry"
+                f"{request.expected}; now {current}); read them again and retry"
             )
 
     # -- safety rails ---------------------------------------------------------------------
