@@ -79,7 +79,21 @@ _NOT_HOSTS = {
     "traceback",
     "file",
     "c10d",
+    # Programs and Python packages with a digit in their name, which print "name: ..."
+    # or log as "name.module: ..." ("python3: can't open file", "urllib3.connectionpool:").
+    "python2",
+    "python3",
+    "pip3",
+    "urllib3",
+    "boto3",
+    "h5py",
+    "py4j",
+    "s3fs",
+    "s3transfer",
 }
+# A Python exception's qualified name ("urllib3.exceptions.ReadTimeoutError: ...") looks
+# like a host's dotted name followed by a colon.
+_EXCEPTION_NAME = re.compile(r"\.[A-Za-z_]\w*(?:Error|Exception|Warning|Interrupt|Exit)$")
 _PCI = re.compile(r"^(?:PCI:)?(?:[0-9A-Fa-f]{4,8}:)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?$")
 
 
@@ -148,6 +162,8 @@ class Topology:
         return self.nodelist[index] if index < len(self.nodelist) else None
 
     def plausible_host(self, name: str) -> str | None:
+        if _EXCEPTION_NAME.search(name):
+            return None
         host = short_host(name)
         # An address (or alias) Slurm knows as a node's NodeAddr is that node.
         host = self.addrs.get(host, host)
