@@ -71,3 +71,205 @@ def test_programs_packages_and_exceptions_are_not_hosts(tmp_path: Path, line: st
 def test_a_host_prefix_still_names_its_host(tmp_path: Path) -> None:
     line = "gpu03.cluster: RuntimeError: CUDA error: an illegal memory access was encountered"
     assert diagnose(tmp_path, [line]).culprit_nodes == ["gpu03"]
+
+
+# MPI launchers and Horovod: tune cases where there are any, otherwise the launchers'
+# help texts (Open MPI's help-errmgr-base.txt, help-orterun.txt, help-mpi-api.txt;
+# MPICH's MPIR_Abort; Horovod's common.h).
+
+# tune/g-487.log: mpirun's rsh agent pointed at a port the worker refuses.
+DAEMONS_NOT_STARTED = [
+    "ssh: connect to host 192.168.11.1 port 50000: Connection refused",
+    "",
+    "ORTE was unable to reliably start one or more daemons.",
+]
+
+# tune/g-486.log: hvd.init() in a container whose host name does not resolve.
+MPI_INIT_FAILED = [
+    "Fatal error in PMPI_Init_thread: Other MPI error, error stack:",
+    "MPIR_Init_thread(474)..............: ",
+    "MPID_Init(190).....................: channel initialization failed",
+]
+
+DAEMON_LOST = [
+    "ORTE has lost communication with a remote daemon.",
+    "",
+    "  HNP daemon   : [[16919,0],0] on node gpu-031",
+    "  Remote daemon: [[16919,0],3] on node gpu-127",
+]
+
+PEER_GONE = [
+    "An MPI communication peer process has unexpectedly disconnected.  This",
+    "usually indicates a failure in the peer process (e.g., a crash or",
+    "otherwise exiting without calling MPI_FINALIZE first).",
+]
+
+HOROVOD_SHUT_DOWN = (
+    "RuntimeError: Horovod has been shut down. This was caused by an exception on one of the "
+    "ranks or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks "
+    "finished execution. If the shutdown was caused by an exception, you should see the "
+    "exception in the log before the first shutdown message."
+)
+
+CUDA_OOM = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total "
+    "capacity; 12.10 GiB already allocated; 1.50 GiB free)"
+)
+
+
+def test_a_lost_daemon_keeps_its_node_out(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, DAEMON_LOST)
+    assert (diagnosis.category, diagnosis.action) == (
+        Category.NODE_DOWN,
+        Action.RESTART_EXCLUDING,
+    )
+    # The remote daemon's node, not mpirun's own.
+    assert diagnosis.culprit_nodes == ["gpu-127"]
+
+
+def test_daemons_that_never_started_are_for_a_person(tmp_path: Path) -> None:
+    # The same words follow a set-up error (a refused port) and a start-up race (a worker
+    # not yet resolvable, tune g-352): neither a blind restart nor a stop.
+    diagnosis = diagnose(tmp_path, DAEMONS_NOT_STARTED)
+    assert diagnosis.rule_ids[0] == "mpi.launch_failed"
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.ESCALATE)
+
+
+def test_mpi_init_failing_on_the_set_up_stops(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, MPI_INIT_FAILED)
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_a_launch_failure_yields_to_the_jobs_own_error(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, [CUDA_OOM, *DAEMONS_NOT_STARTED])
+    assert diagnosis.category is Category.OOM_GPU
+
+
+@pytest.mark.parametrize(
+    ("line", "rank"),
+    [
+        ("MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD", 3),
+        ("application called MPI_Abort(MPI_COMM_WORLD, 1) - process 5", 5),
+    ],
+)
+def test_an_mpi_abort_names_the_rank_and_asks(tmp_path: Path, line: str, rank: int) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+    assert diagnosis.culprit_ranks == [rank]
+
+
+def test_an_mpi_abort_yields_to_the_error_before_it(tmp_path: Path) -> None:
+    lines = [CUDA_OOM, "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD"]
+    assert diagnose(tmp_path, lines).category is Category.OOM_GPU
+
+
+def test_a_peer_that_went_away_restarts_once_unless_its_error_is_here(tmp_path: Path) -> None:
+    alone = diagnose(tmp_path, PEER_GONE)
+    assert (alone.category, alone.action) == (Category.NETWORK_NCCL, Action.RESTART)
+    assert diagnose(tmp_path, [CUDA_OOM, *PEER_GONE]).category is Category.OOM_GPU
+
+
+def test_horovods_shut_down_is_a_symptom(tmp_path: Path) -> None:
+    # Horovod's own text: another rank's exception, or a rank that finished early.
+    alone = diagnose(tmp_path, [HOROVOD_SHUT_DOWN])
+    assert (alone.category, alone.action) == (Category.UNKNOWN, Action.ESCALATE)
+    assert alone.rule_ids == ["horovod.shut_down"]
+    assert diagnose(tmp_path, [CUDA_OOM, HOROVOD_SHUT_DOWN]).category is Category.OOM_GPU
+
+
+# JAX across hosts: tune cases, otherwise XLA's coordination service and client texts.
+
+# tune/g-501.log: three Slurm tasks segfault, then the service stops hearing task 15.
+SEGFAULTS_THEN_HEARTBEAT = [
+    "srun: error: ip-26-0-141-178: task 15: Segmentation fault",
+    "srun: error: ip-26-0-141-217: task 16: Segmentation fault",
+    "2023-03-07 16:06:30.684022: E external/org_tensorflow/tensorflow/tsl/distributed_runtime/"
+    "coordination/coordination_service.cc:956] /job:jax_worker/replica:0/task:15 has been set "
+    "to ERROR in coordination service: UNAVAILABLE: Task /job:jax_worker/replica:0/task:15 "
+    "heartbeat timeout. This indicates that the remote task has failed, got preempted, or "
+    "crashed unexpectedly. [type.googleapis.com/tensorflow.CoordinationServiceError='']",
+]
+
+# tune/g-278.log: a data loader made task 1 reconnect; every process then terminates.
+TASK_RECONNECTED = [
+    "2025-04-05 18:39:10.837611: E external/xla/xla/tsl/distributed_runtime/coordination/"
+    "coordination_service.cc:962] /job:jax_worker/replica:0/task:1 unexpectedly tried to "
+    "connect with a different incarnation. It has likely restarted.",
+    "E0405 18:39:10.837983     387 coordination_service_agent.cc:455] Polled an error from "
+    "coordination service (this can be an error from this or another task).",
+]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Task 3 heartbeat timeout. This indicates that the remote task has failed, got "
+        "preempted, or crashed unexpectedly.",
+        "UNAVAILABLE: Task /job:jax_worker/replica:0/task:3 heartbeat timeout. This indicates "
+        "that the remote task has failed, got preempted, or crashed unexpectedly.",
+    ],
+)
+def test_a_silent_jax_process_is_named_and_restarted(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.NODE_DOWN, Action.RESTART)
+    assert diagnosis.culprit_ranks == [3]
+
+
+def test_the_silent_processs_own_crash_decides(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, SEGFAULTS_THEN_HEARTBEAT)
+    assert diagnosis.category is Category.CUDA_SOFTWARE  # the segmentation faults
+    assert diagnosis.rule_ids[0] == "proc.segfault"
+
+
+def test_a_reconnected_jax_process_is_for_a_person(tmp_path: Path) -> None:
+    # Not a transient by itself: in g-278 the same process reconnected on every run.
+    diagnosis = diagnose(tmp_path, TASK_RECONNECTED)
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+    assert diagnosis.culprit_ranks == [1]
+
+
+def test_jax_processes_that_never_all_registered(tmp_path: Path) -> None:
+    # tune/g-277.log: a 32-node MaxText start-up that never completed registration.
+    line = (
+        "Original error: DEADLINE_EXCEEDED: Barrier timed out. Id: "
+        "[Init]Wait_for_all_tasks_to_register::0. This usually happens because a task "
+        "triggered the barrier too early or too slowly."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
+
+
+def test_initialising_jax_twice_stops(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path, ["RuntimeError: distributed.initialize should only be called once."]
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_xlas_rendezvous_termination_is_a_hang(tmp_path: Path) -> None:
+    line = (
+        "[id=0] Termination timeout for `acquire clique for rank #0; run_id=1` of 40 seconds "
+        "exceeded. Exiting to ensure a consistent program state. Expected 8 threads to join "
+        "the rendezvous, but not all of them arrived on time."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.RESTART)
+
+
+@pytest.mark.parametrize(
+    "healthy",
+    [
+        "Waiting for 3/16 tasks to connect.",
+        "Coordination agent has successfully connected.",
+        "[id=0] This thread has been waiting for `acquire clique` for 20 seconds and may be "
+        "stuck. Expected 8 threads to join the rendezvous, but not all of them arrived on time.",
+        "Thread is unstuck! Warning above was a false-positive. Perhaps the timeout is too short.",
+        "[gpu009:2974788] Local abort after MPI_FINALIZE started completed successfully, but am "
+        "not able to aggregate error messages, and not able to guarantee that all other "
+        "processes were killed!",
+        "  HNP daemon   : [[16919,0],0] on node gpu-031",
+    ],
+)
+def test_healthy_launcher_and_coordination_lines_find_nothing(tmp_path: Path, healthy: str) -> None:
+    assert diagnose(tmp_path, [healthy]).category is Category.UNKNOWN
+    assert diagnose(tmp_path, [healthy]).rule_ids == []
