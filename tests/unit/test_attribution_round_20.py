@@ -165,7 +165,7 @@ def test_an_mpi_abort_yields_to_the_error_before_it(tmp_path: Path) -> None:
 
 def test_a_peer_that_went_away_restarts_once_unless_its_error_is_here(tmp_path: Path) -> None:
     alone = diagnose(tmp_path, PEER_GONE)
-    assert (alone.category, alone.action) == (Category.NETWORK_NCCL, Action.RESTART)
+    assert (alone.category, alone.action) == (Category.UNKNOWN, Action.RESTART)
     assert diagnose(tmp_path, [CUDA_OOM, *PEER_GONE]).category is Category.OOM_GPU
 
 
@@ -236,7 +236,8 @@ def test_jax_processes_that_never_all_registered(tmp_path: Path) -> None:
         "triggered the barrier too early or too slowly."
     )
     diagnosis = diagnose(tmp_path, [line])
-    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+    assert diagnosis.rule_ids[0] == "jax.startup_timeout"
 
 
 def test_initialising_jax_twice_stops(tmp_path: Path) -> None:
