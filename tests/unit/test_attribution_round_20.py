@@ -274,3 +274,25 @@ def test_xlas_rendezvous_termination_is_a_hang(tmp_path: Path) -> None:
 def test_healthy_launcher_and_coordination_lines_find_nothing(tmp_path: Path, healthy: str) -> None:
     assert diagnose(tmp_path, [healthy]).category is Category.UNKNOWN
     assert diagnose(tmp_path, [healthy]).rule_ids == []
+
+
+@pytest.mark.parametrize(
+    ("code", "rule"),
+    [("-9", "proc.sigkill"), ("-11", "proc.segfault")],
+)
+def test_deepspeeds_launcher_reports_the_signal_of_the_first_dead_worker(
+    tmp_path: Path, code: str, rule: str
+) -> None:
+    line = (
+        "[2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python',"
+        f" '-u', 'finetune.py', '--local_rank=0'] exits with return code = {code}"
+    )
+    assert diagnose(tmp_path, [line]).rule_ids == [rule]
+
+
+def test_an_interrupted_deepspeed_run_is_not_a_crash(tmp_path: Path) -> None:
+    # -2: SIGINT, a person pressed Ctrl-C.
+    line = (
+        "[ERROR] [launch.py:341:sigkill_handler] ['python', 'train.py'] exits with return code = -2"
+    )
+    assert diagnose(tmp_path, [line]).rule_ids == []
