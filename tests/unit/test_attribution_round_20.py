@@ -296,3 +296,41 @@ def test_an_interrupted_deepspeed_run_is_not_a_crash(tmp_path: Path) -> None:
         "[ERROR] [launch.py:341:sigkill_handler] ['python', 'train.py'] exits with return code = -2"
     )
     assert diagnose(tmp_path, [line]).rule_ids == []
+
+
+@pytest.mark.parametrize(
+    ("line", "rule", "category", "action"),
+    [
+        (
+            "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+            "NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx",
+            "cuda.no_device",
+            Category.GPU_HARDWARE,
+            Action.RESTART,
+        ),
+        (
+            "RuntimeError: CUDA error: an illegal instruction was encountered",
+            "cuda.illegal_address",
+            Category.CUDA_SOFTWARE,
+            Action.ESCALATE,
+        ),
+        (
+            "RuntimeError: CUDA error: hardware stack error",
+            "cuda.illegal_address",
+            Category.CUDA_SOFTWARE,
+            Action.ESCALATE,
+        ),
+        (
+            "Message:        Pod was terminated in response to imminent node shutdown.",
+            "kubelet.node_shutdown",
+            Category.SCHEDULER_PREEMPTION,
+            Action.RESTART,
+        ),
+    ],
+)
+def test_more_failures_in_the_tools_words(
+    tmp_path: Path, line: str, rule: str, category: Category, action: Action
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids[0] == rule
+    assert (diagnosis.category, diagnosis.action) == (category, action)
