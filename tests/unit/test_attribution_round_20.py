@@ -334,3 +334,98 @@ def test_more_failures_in_the_tools_words(
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids[0] == rule
     assert (diagnosis.category, diagnosis.action) == (category, action)
+
+
+# Checkpoints, data and object stores, and Kubernetes' pod status, in the tools' words
+# (Hugging Face's Trainer and from_pretrained, torch.load, Pillow, botocore, the Google
+# Cloud client, the kubelet and `kubectl describe pod`).
+@pytest.mark.parametrize(
+    ("lines", "rule", "category", "action"),
+    [
+        (
+            ["ValueError: Can't find a valid checkpoint at /ckpt/run3/checkpoint-500"],
+            "checkpoint.not_found",
+            Category.CHECKPOINT,
+            Action.STOP,
+        ),
+        (
+            [
+                "_pickle.UnpicklingError: Weights only load failed. This file can still be "
+                "loaded, to do so you have two options, do those steps only if you trust the "
+                "source of the checkpoint."
+            ],
+            "checkpoint.weights_only_refused",
+            Category.CHECKPOINT,
+            Action.STOP,
+        ),
+        (
+            ["OSError: image file is truncated (5 bytes not processed)"],
+            "dataloader.unreadable_sample",
+            Category.DATA_LOADER,
+            Action.STOP,
+        ),
+        (
+            [
+                "botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the "
+                "GetObject operation (reached max retries: 4): Please reduce your request rate."
+            ],
+            "storage.object_store_unavailable",
+            Category.STORAGE_IO,
+            Action.RESTART,
+        ),
+        (
+            [
+                "botocore.exceptions.ClientError: An error occurred (NoSuchKey) when calling the "
+                "GetObject operation: The specified key does not exist."
+            ],
+            "storage.file_not_found",
+            Category.USER_CODE,
+            Action.STOP,
+        ),
+        (
+            [
+                "Message:      The node was low on resource: ephemeral-storage. Threshold "
+                "quantity: 10Gi, available: 9Gi."
+            ],
+            "storage.evicted_local_disk",
+            Category.STORAGE_IO,
+            Action.ESCALATE,
+        ),
+        (
+            [
+                "    Last State:     Terminated",
+                "      Reason:       Error",
+                "      Exit Code:    139",
+            ],
+            "proc.segfault",
+            Category.CUDA_SOFTWARE,
+            Action.ESCALATE,
+        ),
+        (
+            [
+                "    Last State:     Terminated",
+                "      Reason:       OOMKilled",
+                "      Exit Code:    137",
+            ],
+            "oom.host_container",
+            Category.OOM_HOST,
+            Action.STOP,
+        ),
+    ],
+)
+def test_checkpoints_data_and_pods_in_the_tools_words(
+    tmp_path: Path, lines: list[str], rule: str, category: Category, action: Action
+) -> None:
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == rule
+    assert (diagnosis.category, diagnosis.action) == (category, action)
+
+
+def test_a_terminated_containers_other_exit_codes_say_nothing(tmp_path: Path) -> None:
+    # 143 is SIGTERM: the kubelet or the job controller stopping the pod, not a crash.
+    lines = [
+        "    Last State:     Terminated",
+        "      Reason:       Error",
+        "      Exit Code:    143",
+    ]
+    assert diagnose(tmp_path, lines).rule_ids == []

@@ -361,10 +361,17 @@ def test_a_skipped_nan_step_does_not_stop_the_job(tmp_path: Path) -> None:
 
 
 def test_a_generic_error_under_a_loader_frame_asks_a_person(tmp_path: Path) -> None:
-    # A storage timeout raised inside the loader may pass on retry (review 11).
-    lines = [*DCP_LOAD[:5], "botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL"]
+    # A timeout raised inside the loader may pass on retry (review 11).
+    lines = [*DCP_LOAD[:5], "OSError: [Errno 110] Connection timed out"]
     diagnosis = _diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.CHECKPOINT, Action.ESCALATE)
+
+
+def test_an_object_store_timeout_under_a_loader_frame_restarts(tmp_path: Path) -> None:
+    # The store's own words say the read may pass on a later try.
+    lines = [*DCP_LOAD[:5], "botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL"]
+    diagnosis = _diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.STORAGE_IO, Action.RESTART)
 
 
 def test_a_handled_load_failure_does_not_frame_a_later_error(tmp_path: Path) -> None:
