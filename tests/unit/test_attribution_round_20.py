@@ -429,3 +429,34 @@ def test_a_terminated_containers_other_exit_codes_say_nothing(tmp_path: Path) ->
         "      Exit Code:    143",
     ]
     assert diagnose(tmp_path, lines).rule_ids == []
+
+
+def test_mpiruns_renamed_binary_still_names_the_rank_and_node(tmp_path: Path) -> None:
+    # tune/g-510.log: Horovod's images wrap mpirun and rename the real one.
+    line = (
+        "mpirun.real noticed that process rank 1 with PID 39 on node mpi-test-2-mpijob-worker-1 "
+        "exited on signal 9 (Killed)."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids[0] == "proc.sigkill"
+    assert (diagnosis.culprit_nodes, diagnosis.culprit_ranks) == (
+        ["mpi-test-2-mpijob-worker-1"],
+        [1],
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # tune/g-521.log: another job's StreamingDataset holds the same local directory.
+        "ValueError: Reused local directory: ['/nvmedisk/Datasets/llmfoundry/c4/train_small'] vs "
+        "['/nvmedisk/Datasets/llmfoundry/c4/train_small']. Provide a different one.",
+        # tune/g-528.log: LitData's chunk cache had no index yet on a two-node start.
+        "ValueError: The provided dataset `/root/.lightning/chunks/<hash>/<hash>` doesn't contain "
+        "any index.json file. HINT: Did you successfully optimize a dataset to the provided "
+        "`input_dir`?",
+    ],
+)
+def test_a_streaming_cache_conflict_is_for_a_person(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.ESCALATE)
