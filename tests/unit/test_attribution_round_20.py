@@ -460,3 +460,122 @@ def test_mpiruns_renamed_binary_still_names_the_rank_and_node(tmp_path: Path) ->
 def test_a_streaming_cache_conflict_is_for_a_person(tmp_path: Path, line: str) -> None:
     diagnosis = diagnose(tmp_path, [line])
     assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.ESCALATE)
+
+
+# What Slurm's daemons and NVIDIA's and Mellanox's health tools print, in their own
+# words (slurmctld's node_mgr.c, proc_req.c and job_mgr.c, slurmstepd's req.c; DCGM's
+# dcgm_errors.h; the mlx5 driver's health.c; nvidia-smi -q).
+@pytest.mark.parametrize(
+    ("line", "rule", "category", "action", "nodes"),
+    [
+        (
+            "slurmctld: error: Nodes gpu07 not responding, setting DOWN",
+            "slurm.node_failure",
+            Category.NODE_DOWN,
+            Action.DRAIN_AND_RESTART,
+            ["gpu07"],
+        ),
+        (
+            "slurmstepd: error: *** JOB 551289 ON gpu07 UNCORRECTABLE MEMORY ERROR AT "
+            "2025-03-12T10:02:11 ***",
+            "slurm.node_memory_error",
+            Category.NODE_DOWN,
+            Action.DRAIN_AND_RESTART,
+            ["gpu07"],
+        ),
+        (
+            "slurmctld: error: validate_node_specs: Prolog or job env setup failure on node "
+            "gpu07, draining the node",
+            "slurm.node_set_up_failed",
+            Category.NODE_DOWN,
+            Action.RESTART_EXCLUDING,
+            ["gpu07"],
+        ),
+        (
+            "slurmctld: error: Setting node gpu07 state to INVAL with reason:gres/gpu count "
+            "reported lower than configured (7 < 8)",
+            "slurm.gpu_count_dropped",
+            Category.GPU_HARDWARE,
+            Action.DRAIN_AND_RESTART,
+            ["gpu07"],
+        ),
+        (
+            # Slurm requeues the job itself: wait for that run, do not submit another.
+            "slurmctld: requeue JobId=551289 due to failure of node gpu07",
+            "slurm.requeued_for_node_failure",
+            Category.NODE_DOWN,
+            Action.WAIT,
+            [],
+        ),
+        (
+            "srun: error: Application launch failed: Job credential expired",
+            "slurm.credential_expired",
+            Category.UNKNOWN,
+            Action.RESTART,
+            [],
+        ),
+        (
+            "gpu07: Detected 2 volatile double-bit ECC error(s) in GPU 3.",
+            "dcgm.memory_fault",
+            Category.GPU_MEMORY_ECC,
+            Action.DRAIN_AND_RESTART,
+            ["gpu07"],
+        ),
+        (
+            "gpu07: GPU 3 had memory errors and row remappings are pending",
+            "kernel.row_remap_pending",
+            Category.GPU_MEMORY_ECC,
+            Action.DRAIN_AND_RESTART,
+            ["gpu07"],
+        ),
+        (
+            "gpu07: GPU 3's NvLink link 5 is currently down",
+            "dcgm.nvlink_fault",
+            Category.NVLINK_FABRIC,
+            Action.DRAIN_AND_RESTART,
+            ["gpu07"],
+        ),
+        (
+            "    GPU Recovery Action                   : Reboot",
+            "kernel.gpu_reset_required",
+            Category.GPU_HARDWARE,
+            Action.DRAIN_AND_RESTART,
+            [],
+        ),
+        (
+            "Dec  1 10:00:00 gpu07 kernel: mlx5_core 0000:4b:00.0: poll_health:825:(pid 0): "
+            "device's health compromised - reached miss count",
+            "kernel.mlx5_firmware_fault",
+            Category.INFINIBAND_NIC,
+            Action.DRAIN_AND_RESTART,
+            ["gpu07"],
+        ),
+    ],
+)
+def test_daemons_and_health_tools_in_their_own_words(
+    tmp_path: Path,
+    line: str,
+    rule: str,
+    category: Category,
+    action: Action,
+    nodes: list[str],
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids[0] == rule
+    assert (diagnosis.category, diagnosis.action) == (category, action)
+    assert diagnosis.culprit_nodes == nodes
+
+
+@pytest.mark.parametrize(
+    "healthy",
+    [
+        "slurmctld: Node gpu07 now responding",
+        "slurmctld: slurmd error running JobId=551289 from node(s)=gpu07: Job/step already "
+        "completing or completed",
+        "Detected nonfatal errors on NvSwitch 2 link 17",
+        "    GPU Recovery Action                   : None",
+        "mlx5_core 0000:4b:00.0: Port module event: module 0, Cable plugged",
+    ],
+)
+def test_healthy_daemon_and_tool_lines_find_nothing(tmp_path: Path, healthy: str) -> None:
+    assert diagnose(tmp_path, [healthy]).rule_ids == []
