@@ -1,7 +1,7 @@
 """Rounds 20 to 22 on tests/corpus/real/tune, and failures in the words of the tools that
 print them: MPI launchers and Horovod, JAX across hosts, DeepSpeed's launcher, CUDA,
 checkpoints and data, object stores, Kubernetes, Slurm's daemons, DCGM, nvidia-smi and
-the mlx5 driver; and names that only look like hosts.
+the mlx5 driver, ROCm and amdgpu; and names that only look like hosts.
 
 Lines quoted from a tune case name it; the others follow the tools' own formats.
 """
@@ -556,6 +556,33 @@ TOOLS_WORDS: list[tuple[list[str], str, Category, Action, list[str] | None]] = [
         Action.DRAIN_AND_RESTART,
         ["gpu07"],
     ),
+    (
+        ["RuntimeError: HIP error: invalid device function"],
+        "cuda.no_kernel_image",
+        Category.CUDA_SOFTWARE,
+        Action.ESCALATE,
+        None,
+    ),
+    (
+        [
+            "Dec  1 10:00:00 gpu07 kernel: [drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring "
+            "gfx_0.0.0 timeout, signaled seq=1, emitted seq=2"
+        ],
+        "kernel.amdgpu_ring_timeout",
+        Category.GPU_HARDWARE,
+        Action.RESTART_EXCLUDING,
+        ["gpu07"],
+    ),
+    (
+        [
+            "Dec  1 10:00:00 gpu07 kernel: amdgpu 0000:c1:00.0: amdgpu: 1 uncorrectable "
+            "hardware errors detected in UMC block"
+        ],
+        "kernel.amdgpu_ras_uncorrectable",
+        Category.GPU_MEMORY_ECC,
+        Action.DRAIN_AND_RESTART,
+        ["gpu07"],
+    ),
 ]
 
 
@@ -596,6 +623,9 @@ def test_failures_in_the_tools_own_words(
         "Detected nonfatal errors on NvSwitch 2 link 17",
         "    GPU Recovery Action                   : None",
         "mlx5_core 0000:4b:00.0: Port module event: module 0, Cable plugged",
+        # amdgpu's RAS all-clear, and correctable errors it has already corrected.
+        "amdgpu 0000:c3:00.0: amdgpu: no uncorrectable hardware errors detected in umc block",
+        "amdgpu 0000:c1:00.0: amdgpu: 4 correctable hardware errors detected in umc block",
     ],
 )
 def test_healthy_lines_of_these_tools_find_nothing(tmp_path: Path, healthy: str) -> None:
