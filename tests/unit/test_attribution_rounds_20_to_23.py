@@ -1,4 +1,4 @@
-"""Rounds 20 to 22 on tests/corpus/real/tune, and failures in the words of the tools that
+"""Rounds 20 to 23 on tests/corpus/real/tune, and failures in the words of the tools that
 print them: MPI launchers and Horovod, JAX across hosts, DeepSpeed's launcher, CUDA,
 checkpoints and data, object stores, Kubernetes, Slurm's daemons, DCGM, nvidia-smi and
 the mlx5 driver, ROCm and amdgpu; and names that only look like hosts.
@@ -582,6 +582,42 @@ TOOLS_WORDS: list[tuple[list[str], str, Category, Action, list[str] | None]] = [
         Category.GPU_MEMORY_ECC,
         Action.DRAIN_AND_RESTART,
         ["gpu07"],
+    ),
+    (
+        # tune/g-548.log: a JAX benchmark on ROCm 6.2 whose queue the runtime aborted.
+        [
+            "brax.0 [stderr] :0:rocdevice.cpp            :2984: 159730272363 us: [pid:403868 "
+            "tid:0x7f37b81ff640] Callback: Queue 0x7ef728200000 aborting with error : "
+            "HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION: The agent attempted to access memory "
+            "beyond the largest legal address. code: 0x29"
+        ],
+        "cuda.illegal_address",
+        Category.CUDA_SOFTWARE,
+        Action.ESCALATE,
+        None,
+    ),
+    (
+        # tune/g-552.log: context parallel with the math attention kernel.
+        [
+            "[rank0]: RuntimeError: aten.add.Tensor: got mixed torch.Tensor and DTensor, need "
+            "to convert all torch.Tensor to DTensor before calling distributed operators!"
+        ],
+        "torch.tensor_mismatch",
+        Category.USER_CODE,
+        Action.STOP,
+        None,
+    ),
+    (
+        # tune/g-558.log: a fullgraph-compiled optimizer step fed changing shapes.
+        [
+            "torch._dynamo.exc.FailOnRecompileLimitHit: recompile_limit reached with "
+            "fullgraph=True. Excessive recompilations can degrade performance due to the "
+            "compilation overhead of each recompilation."
+        ],
+        "torch.tensor_mismatch",
+        Category.USER_CODE,
+        Action.STOP,
+        None,
     ),
 ]
 
