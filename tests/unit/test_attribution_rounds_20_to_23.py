@@ -619,6 +619,18 @@ TOOLS_WORDS: list[tuple[list[str], str, Category, Action, list[str] | None]] = [
         Action.STOP,
         None,
     ),
+    (
+        # aws-ofi-nccl's failed request: the fabric's, not a file system's I/O error.
+        [
+            "algo-2:123:456 [3] ofi_process_cq:1040 NCCL WARN NET/OFI Request 0x7f1c2a0 "
+            "completed with error. RC: 5. Error: 5 (Input/output error). Completed length: 0, "
+            "Request: { dev: 3, size: 1048576, state: CREATED, direction: SEND }"
+        ],
+        "nccl.ofi_completion_error",
+        Category.NETWORK_NCCL,
+        Action.ESCALATE,
+        ["algo-2"],
+    ),
 ]
 
 
