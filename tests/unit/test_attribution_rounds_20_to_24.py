@@ -1,4 +1,4 @@
-"""Rounds 20 to 23 on tests/corpus/real/tune, and failures in the words of the tools that
+"""Rounds 20 to 24 on tests/corpus/real/tune, and failures in the words of the tools that
 print them: MPI launchers and Horovod, JAX across hosts, DeepSpeed's launcher, CUDA,
 checkpoints and data, object stores, Kubernetes, Slurm's daemons, DCGM, nvidia-smi and
 the mlx5 driver, ROCm and amdgpu; and names that only look like hosts.
@@ -630,6 +630,14 @@ TOOLS_WORDS: list[tuple[list[str], str, Category, Action, list[str] | None]] = [
         Category.NETWORK_NCCL,
         Action.ESCALATE,
         ["algo-2"],
+    ),
+    (
+        # tune/g-583.log: gpt-neox's overflow monitor on a diverged fp16 run.
+        ["Exception: Skipped 50 iterations in a row due to Overflow - Exiting training."],
+        "python.loss_scale_underflow",
+        Category.USER_CODE,
+        Action.STOP,
+        None,
     ),
 ]
 
