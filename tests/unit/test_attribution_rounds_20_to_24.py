@@ -569,9 +569,9 @@ TOOLS_WORDS: list[tuple[list[str], str, Category, Action, list[str] | None]] = [
             "gfx_0.0.0 timeout, signaled seq=1, emitted seq=2"
         ],
         "kernel.amdgpu_ring_timeout",
-        Category.GPU_HARDWARE,
-        Action.RESTART_EXCLUDING,
-        ["gpu07"],
+        Category.HANG,
+        Action.RESTART,
+        [],
     ),
     (
         [
@@ -681,7 +681,7 @@ def test_failures_in_the_tools_own_words(
         "mlx5_core 0000:4b:00.0: Port module event: module 0, Cable plugged",
         # amdgpu's RAS all-clear, and correctable errors it has already corrected.
         "amdgpu 0000:c3:00.0: amdgpu: no uncorrectable hardware errors detected in umc block",
-        "amdgpu 0000:c1:00.0: amdgpu: 4 correctable hardware errors detected in umc block",
+        "amdgpu 0000:c1:00.0: amdgpu: 0 uncorrectable hardware errors detected in umc block",
     ],
 )
 def test_healthy_lines_of_these_tools_find_nothing(tmp_path: Path, healthy: str) -> None:
@@ -796,3 +796,65 @@ def test_xlas_rendezvous_timeout_of_a_large_run(tmp_path: Path) -> None:
         "exceeded. Exiting to ensure a consistent program state."
     )
     assert diagnose(tmp_path, [line]).rule_ids == ["xla.rendezvous_terminated"]
+
+
+@pytest.mark.parametrize(
+    ("before", "category", "action"),
+    [
+        (
+            ["RuntimeError: CUDA error: device-side assert triggered"],
+            Category.USER_CODE,
+            Action.STOP,
+        ),
+        (
+            ["slurmstepd: error: *** JOB 551289 ON gpu07 CANCELLED AT 2025-03-12T10:02:11 ***"],
+            Category.SCHEDULER_PREEMPTION,
+            Action.WAIT,
+        ),
+    ],
+    ids=["own error", "cancelled"],
+)
+@pytest.mark.parametrize(
+    "after",
+    [
+        # The EFA handshake a dead peer no longer answers.
+        "algo-2:123:456 [3] NCCL WARN NET/OFI Request 0x7f1c2a0 completed with error. RC: 103. "
+        "Error: 4126 (Unresponsive receiver (reachable by EFA device but handshake failed)",
+        # A GPU queue stuck on a collective whose peer died, and its reset.
+        "[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring gfx_0.0.0 timeout, signaled seq=1, "
+        "emitted seq=3\namdgpu 0000:c1:00.0: amdgpu: GPU reset begin!",
+    ],
+    ids=["efa request failed", "amdgpu ring timeout"],
+)
+def test_fabric_and_queue_symptoms_yield_to_a_cause(
+    tmp_path: Path, before: list[str], category: Category, action: Action, after: str
+) -> None:
+    diagnosis = diagnose(tmp_path, [*before, *after.split("\n")])
+    assert (diagnosis.category, diagnosis.action) == (category, action)
+    assert diagnosis.culprit_nodes == []
+
+
+def test_the_ofi_plugins_io_error_is_not_a_file_systems(tmp_path: Path) -> None:
+    line = (
+        "algo-2:1:2 [0] NCCL WARN NET/OFI Unable to retrieve completion queue entries. RC: -5, "
+        "ERROR: Input/output error"
+    )
+    assert "storage.io_error" not in diagnose(tmp_path, [line]).rule_ids
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        (
+            'gpu07: botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL: "https://s3/x"',
+            "storage.object_store_unavailable",
+        ),
+        (
+            "0: [rank0]: OSError: image file is truncated (5 bytes not processed)",
+            "dataloader.unreadable_sample",
+        ),
+    ],
+)
+def test_raised_errors_behind_launcher_labels(tmp_path: Path, line: str, rule: str) -> None:
+    # pdsh's host label, srun's task label and PyTorch's rank label may stack in front.
+    assert diagnose(tmp_path, [line]).rule_ids[0] == rule
