@@ -9,7 +9,7 @@ import pytest
 
 from trainmedic.catalog import CatalogError, Matcher, load_catalog
 from trainmedic.catalog.loader import parse_files
-from trainmedic.catalog.model import Rule
+from trainmedic.catalog.model import LINE_START, Pattern, Rule
 from trainmedic.domain import Action, EvidenceSource, Role
 
 CATALOG = load_catalog()
@@ -162,3 +162,10 @@ def test_xid_titles_read_as_operator_words() -> None:
     assert CATALOG.xid_rules[48].title == "uncorrectable ECC error (double-bit) (Xid 48)"
     assert CATALOG.xid_rules[1].title.endswith("(Xid 1)")  # "Unused" gets its mnemonic
     assert "unused" not in CATALOG.xid_rules[1].title.lower()
+
+
+def test_line_start_names_the_launcher_labels_in_front_of_a_raised_error() -> None:
+    pattern = Pattern(regex="{line_start}KeyError: ", triggers=["KeyError"])
+    assert pattern.regex == LINE_START + "KeyError: "
+    assert pattern.compiled().search("gpu07: 3: [rank3]: KeyError: 'labels'")
+    assert not pattern.compiled().search("WARNING: retried after KeyError: 'labels'")

@@ -23,6 +23,12 @@ class CatalogError(ValueError):
 # generated Xid rules capture the Xid number and the GPU's PCI address.
 CAPTURE_GROUPS = frozenset({"rank", "ranks", "host", "seq", "xid", "pci"})
 
+# `{line_start}` in a pattern: the start of the line, behind up to three labels that
+# launchers put in front of what the program printed (srun's "12: ", PyTorch's
+# "[rank3]: ", a host's "gpu07: "). For errors that count only as raised, not where a
+# warning or a retry merely mentions them.
+LINE_START = r"^\s*(?:(?:\[\w+\]: ?|\d{1,6}: |[A-Za-z][\w.-]*\d[\w.-]*: )\s*){0,3}"
+
 
 class Pattern(BaseModel):
     """One regex plus the literal trigger terms that any matching line must contain.
@@ -37,6 +43,11 @@ class Pattern(BaseModel):
     regex: str
     triggers: list[str] = Field(min_length=1)
     ignore_case: bool = False
+
+    @field_validator("regex", mode="before")
+    @classmethod
+    def _expand(cls, value: object) -> object:
+        return value.replace("{line_start}", LINE_START) if isinstance(value, str) else value
 
     @field_validator("regex")
     @classmethod
