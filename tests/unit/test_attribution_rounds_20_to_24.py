@@ -273,6 +273,30 @@ def test_a_reconnected_jax_process_is_for_a_person(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "peer_line",
+    [
+        "Task /job:jax_worker/replica:0/task:3 heartbeat timeout. This indicates that the "
+        "remote task has failed, got preempted, or crashed unexpectedly.",
+        "/job:jax_worker/replica:0/task:3 unexpectedly tried to connect with a different "
+        "incarnation. It has likely restarted.",
+    ],
+    ids=["silent", "reconnected"],
+)
+def test_a_lost_peers_rank_is_not_lent_to_the_error_beside_it(
+    tmp_path: Path, peer_line: str
+) -> None:
+    # Review 20: the writer's own error, a few lines below the line naming the remote task
+    # it lost, is not task 3's. A launcher's line naming the rank that failed still lends
+    # its rank to the traceback above it (tune g-145).
+    lines = [peer_line, "Traceback (most recent call last):", "ValueError: bad config"]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "python.traceback_exception"
+    assert diagnosis.culprit_ranks == []
+    launcher = "torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 2"
+    assert diagnose(tmp_path, [*lines[1:], launcher]).culprit_ranks == [2]
+
+
+@pytest.mark.parametrize(
     ("code", "rule"),
     [("-9", "proc.sigkill"), ("-11", "proc.segfault")],
 )

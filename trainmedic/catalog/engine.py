@@ -584,6 +584,7 @@ def _neighbour_rank(finding: Finding, findings: list[Finding]) -> int | None:
         f.evidence.rank
         for f in findings
         if f.evidence.rank is not None
+        and not (f.rank_named and f.rule.names_lost_peer)
         and f.evidence.source is EvidenceSource.LOG
         and f.order[0] == file
         and abs(f.order[1] - line) <= _NEIGHBOUR_LINES

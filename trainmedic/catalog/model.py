@@ -99,6 +99,11 @@ class Rule(BaseModel):
     # that another rule also matches, that rule knows the message better and this yields
     # ("ValueError: (InvalidArgument) TCP send error" is the rendezvous, not a bug).
     generic: bool = False
+    # Does the rank the pattern reads off the line name a peer the writer lost (a remote
+    # task that stopped heartbeating), not the process whose error lines surround it? A
+    # launcher's "local_rank: 0 failed" names the rank whose traceback sits above it and
+    # lends it to those lines; a lost peer's rank is that line's own, and lent to none.
+    names_lost_peer: bool = False
     description: str = ""
     patterns: list[Pattern] = Field(min_length=1)
     examples: list[str] = Field(min_length=1)
