@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from tests.integration.support import (
@@ -31,7 +32,7 @@ from trainmedic.domain import Outcome
 from trainmedic.domain.enums import Action, Mode
 from trainmedic.lab import Lab
 from trainmedic.temporal.devserver import DevServer
-from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.control import STALE_READ, ControlWorkflow, control_workflow_id
 
 pytestmark = pytest.mark.integration
 
@@ -232,6 +233,9 @@ async def test_a_policy_change_from_a_stale_read_is_refused(
             SetPolicyRequest(policy=bobs, by="bob", reason="earned", expected=read),
         )
     assert "changed after they were read" in str(refused.value.cause)
+    # The type the controller's start looks for before it reads again (sync_policy).
+    assert isinstance(refused.value.cause, ApplicationError)
+    assert refused.value.cause.type == STALE_READ
     kept = await handle.query(ControlWorkflow.current)
     assert kept.policy == alices  # bob's write did not undo alice's promotion
     assert [c.by for c in kept.changes][-1] == "alice"

@@ -15,12 +15,16 @@ from trainmedic.config import Policy, Settings
 from trainmedic.domain.control import ControlState, SetPolicyRequest
 from trainmedic.domain.enums import Mode
 from trainmedic.workers import controller
+from trainmedic.workflows.control import STALE_READ
 
 
 class FakeHandle:
-    def __init__(self, states: list[ControlState], refusals: int) -> None:
+    def __init__(
+        self, states: list[ControlState], refusals: int, refusal_type: str = STALE_READ
+    ) -> None:
         self.states = states
         self.refusals = refusals
+        self.refusal_type = refusal_type
         self.writes: list[SetPolicyRequest] = []
 
     async def query(self, _query: Any) -> ControlState:
@@ -30,7 +34,7 @@ class FakeHandle:
         self.writes.append(request)
         if self.refusals:
             self.refusals -= 1
-            raise WorkflowUpdateFailedError(ApplicationError("changed after they were read"))
+            raise WorkflowUpdateFailedError(ApplicationError("refused", type=self.refusal_type))
 
 
 class FakeClient:
@@ -78,3 +82,12 @@ def test_three_refusals_in_a_row_fail_the_start() -> None:
     with pytest.raises(WorkflowUpdateFailedError):
         _sync(handle, Policy(version="v2"))
     assert len(handle.writes) == 3
+
+
+def test_a_refusal_other_than_a_stale_read_is_not_tried_again() -> None:
+    # A policy the workflow refuses for what it says (not for when it was read) would be
+    # refused again: the start fails at once, with the workflow's reason.
+    handle = FakeHandle([_state("v1")], refusals=3, refusal_type="ValueError")
+    with pytest.raises(WorkflowUpdateFailedError):
+        _sync(handle, Policy(version="v2"))
+    assert len(handle.writes) == 1

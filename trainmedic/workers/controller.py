@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from trainmedic.activities.attribution import AttributionActivities, AttributionEngine
@@ -35,7 +36,7 @@ from trainmedic.telemetry import is_tracing, setup_telemetry, tracing_intercepto
 from trainmedic.temporal.client import require_search_attributes
 from trainmedic.watchers.router import local_runner
 from trainmedic.workers.lease import LeaseHolder
-from trainmedic.workflows.control import ControlWorkflow, control_workflow_id
+from trainmedic.workflows.control import STALE_READ, ControlWorkflow, control_workflow_id
 from trainmedic.workflows.lease import LeaseWorkflow
 from trainmedic.workflows.quarantine import NodeQuarantineWorkflow
 from trainmedic.workflows.recovery import RecoveryWorkflow
@@ -201,7 +202,10 @@ async def sync_policy(client: Client, settings: Settings, policy: Policy) -> Non
                 ),
             )
         except WorkflowUpdateFailedError as error:
-            if attempt + 1 == _POLICY_SYNC_ATTEMPTS:
+            # Only a stale read is worth another try; any other refusal says the same
+            # thing again.
+            stale = isinstance(error.cause, ApplicationError) and error.cause.type == STALE_READ
+            if not stale or attempt + 1 == _POLICY_SYNC_ATTEMPTS:
                 raise
             logger.info(
                 "policy of %s changed while syncing (%s); reading it again",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from trainmedic.domain.control import (
@@ -37,6 +38,9 @@ with workflow.unsafe.imports_passed_through():
     from trainmedic.workflows.rails import record_offense as count_offense
 
 BREAKER = "trainmedic:breaker"
+# The type of the refusal of a write whose `expected` autonomy is no longer the current
+# one: the writer reads again and decides again; any other refusal is final.
+STALE_READ = "StaleAutonomyRead"
 
 
 def control_workflow_id(cluster: str) -> str:
@@ -140,9 +144,11 @@ class ControlWorkflow:
             raise ValueError("say who changes the policy ('by')")
         current = self.state.autonomy()
         if request.expected is not None and request.expected != current:
-            raise ValueError(
+            raise ApplicationError(
                 "the cluster's policy, mode or breaker changed after they were read (read "
-                f"{request.expected}; now {current}); read them again and retry"
+                f"{request.expected}; now {current}); read them again and retry",
+                type=STALE_READ,
+                non_retryable=True,
             )
 
     # -- safety rails ---------------------------------------------------------------------
