@@ -169,3 +169,25 @@ def test_line_start_names_the_launcher_labels_in_front_of_a_raised_error() -> No
     assert pattern.regex == LINE_START + "KeyError: "
     assert pattern.compiled().search("gpu07: 3: [rank3]: KeyError: 'labels'")
     assert not pattern.compiled().search("WARNING: retried after KeyError: 'labels'")
+
+
+@pytest.mark.parametrize(
+    ("line", "rule_id"),
+    [
+        (
+            "gpu07: [rank3]: PermissionError: [Errno 13] Permission denied: '/ckpt/step_100'",
+            "storage.permission_denied",
+        ),
+        ("gpu07: 3: OSError: [Errno 24] Too many open files", "dataloader.open_files_exhausted"),
+        (
+            "gpu07: [rank3]: [rank3]: Exception: the tokenizer has no pad token",
+            "python.exception_other",
+        ),
+    ],
+)
+def test_every_raised_error_rule_reads_past_a_hosts_and_ranks_labels(
+    line: str, rule_id: str
+) -> None:
+    # The older rules wanted at most one label and no host; a multi-node srun job prints
+    # both in front of the same error.
+    assert rule_id in {m.rule.id for m in MATCHER.match(line)}
