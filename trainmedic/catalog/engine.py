@@ -68,6 +68,11 @@ _MAX_DUMP_HEADERS = 10_000
 _START_UP_SEQ = 3
 # PyTorch's default NCCL timeout is 10 or 30 minutes; one set below this is the job's own.
 _SHORT_TIMEOUT_MS = 300_000
+# Ranks of one group that are out of step sit a few collectives apart (tune g-090: 2,
+# g-142: 4): a blocked collective stops its rank soon after. Numbers much further apart
+# count in different process groups whose lines do not name them (tune g-592: 64088
+# and 96117, a model-parallel and a data-parallel group): they cannot be compared.
+_MAX_STEP_SPREAD = 64
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
@@ -656,7 +661,15 @@ def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
 
 def _out_of_step(by_group: dict[str, dict[int, int]]) -> bool:
     """Ranks of the one process group seen timed out in different collectives."""
-    return len(by_group) == 1 and len(set(next(iter(by_group.values())).values())) > 1
+    if len(by_group) != 1:
+        return False
+    seqs = next(iter(by_group.values()))
+    return _comparable(seqs) and len(set(seqs.values())) > 1
+
+
+def _comparable(seqs: dict[int, int]) -> bool:
+    """Could these ranks' collective numbers come from one counter (`_MAX_STEP_SPREAD`)?"""
+    return max(seqs.values(), default=0) - min(seqs.values(), default=0) <= _MAX_STEP_SPREAD
 
 
 def _lagging_ranks(by_group: dict[str, dict[int, int]]) -> list[int]:
@@ -666,6 +679,8 @@ def _lagging_ranks(by_group: dict[str, dict[int, int]]) -> list[int]:
     if len(by_group) != 1:
         return []
     seqs = next(iter(by_group.values()))
+    if not _comparable(seqs):
+        return []
     low = min(seqs.values(), default=0)
     behind = sorted(r for r, s in seqs.items() if s == low)
     if len(set(seqs.values())) < 2 or len(behind) * 2 >= len(seqs):
