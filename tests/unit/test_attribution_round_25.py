@@ -1,0 +1,136 @@
+"""Round 25 on tests/corpus/real/tune (NVIDIA's and MosaicML's stacks, JAX on GPUs,
+expert-parallel communication): collective numbers of different process groups, a
+native library's failed CHECK, DeepEP's kernel timeouts, Composer's launcher, and a
+streaming dataset's leftover shared memory.
+
+Lines quoted from a tune case name it; the others follow the tools' own formats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.attribution_support import diagnose
+from trainmedic.domain import Action, Category
+
+
+def _timeout(rank: int, seq: int) -> str:
+    return (
+        f"[E ProcessGroupNCCL.cpp:458] [Rank {rank}] Watchdog caught collective operation "
+        f"timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for "
+        "25625613 milliseconds before timing out."
+    )
+
+
+def test_collective_numbers_far_apart_are_different_groups_not_out_of_step(
+    tmp_path: Path,
+) -> None:
+    # tune/g-592.log: rank 0 and rank 7 count in groups the old lines do not name; no
+    # rank is behind, and the unexplained timeout is restarted once.
+    diagnosis = diagnose(tmp_path, [_timeout(0, 96117), _timeout(0, 96125), _timeout(7, 64088)])
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
+    assert "out of step" not in diagnosis.summary
+    assert diagnosis.culprit_ranks == []
+
+
+def test_collective_numbers_a_few_apart_are_still_out_of_step(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, [_timeout(0, 7559), _timeout(1, 7561)])
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+    assert "out of step" in diagnosis.summary
+
+
+# tune/g-604.log: XLA's GPU compiler aborts on its own CHECK.
+XLA_CHECK = [
+    "F0105 23:50:34.026692   34204 nccl_all_reduce_thunk.cc:175] Check failed: "
+    "reduction_kind.has_value() ",
+    "*** Check failure stack trace: ***",
+    "    @     0x7f16cadf093d  absl::lts_20230802::log_internal::LogMessageFatal::"
+    "~LogMessageFatal()",
+]
+
+
+def test_a_native_librarys_failed_check_is_for_a_person(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, XLA_CHECK)
+    assert diagnosis.rule_ids[0] == "proc.native_check_failed"
+    assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
+
+
+def test_a_failed_check_yields_to_a_hardware_fault_before_it(tmp_path: Path) -> None:
+    xid = "[ 5403.1] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+    diagnosis = diagnose(tmp_path, [xid, *XLA_CHECK])
+    assert diagnosis.category is Category.GPU_HARDWARE
+
+
+# tune/g-613.log: DeepEP's barrier on ranks 6 and 2 gave up waiting on their peers.
+DEEPEP_TIMEOUTS = [
+    "> DeepEP timeout check failed: rank = 6, thread = 0, value = 0)",
+    "> DeepEP timeout check failed: rank = 6, thread = 5, value = 1024)",
+    "> DeepEP timeout check failed: rank = 2, thread = 0, value = 0)",
+]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        DEEPEP_TIMEOUTS,
+        # The dispatch and RDMA kernels' own words (DeepEP's csrc/kernels).
+        ["DeepEP timeout for dispatch senders, rank 3, responsible_channel = 5"],
+        ["DeepEP RDMA sender coordinator timeout, channel: 2, IB: 1, dst IB: 0, tail: 7"],
+    ],
+)
+def test_deepeps_kernel_timeouts_are_a_hang_restarted_once(
+    tmp_path: Path, lines: list[str]
+) -> None:
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "deepep.kernel_timeout"
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.RESTART)
+    # The ranks that print it are the ones left waiting: none is named.
+    assert diagnosis.culprit_ranks == []
+
+
+def test_a_deepep_timeout_yields_to_the_error_that_stopped_a_peer(tmp_path: Path) -> None:
+    error = "[rank3]: ValueError: expected the router's top-k to be at most 8"
+    diagnosis = diagnose(tmp_path, [error, *DEEPEP_TIMEOUTS])
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_composers_launcher_names_the_rank_that_crashed(tmp_path: Path) -> None:
+    # tune/g-603.log: the process aborted; the launcher's line is the only one naming it.
+    line = "2023-07-17 22:43:51 - composer.cli.launcher - ERROR - Rank 4 crashed with exit code -6."
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["torchelastic.child_failed"]
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+    assert diagnosis.culprit_ranks == [4]
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        # tune/g-602.log: a killed run's shared-memory registration refuses the next run.
+        (
+            "[rank7]: FileExistsError: [Errno 17] File exists: '/000010_locals'",
+            "dataloader.streaming_cache_conflict",
+        ),
+        # Any other file that exists is the program's own business.
+        ("FileExistsError: [Errno 17] File exists: 'runs/exp1'", "python.exception_other"),
+    ],
+)
+def test_a_streaming_datasets_leftover_shared_memory(tmp_path: Path, line: str, rule: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == [rule]
+    assert diagnosis.action is Action.ESCALATE
+
+
+@pytest.mark.parametrize(
+    "healthy",
+    [
+        "I0105 23:50:34.026692   34204 gpu_compiler.cc:1234] Check failed count: 0",
+        "E0105 23:50:34.026692   34204 gpu_util.cc:12] Check failed: autotuning result is stale",
+        "DeepEP timeout cycles set to 200000000000",
+        "[INFO] DeepEP buffer: num_nvl_bytes=1073741824, low-latency timeout 100s",
+    ],
+)
+def test_healthy_lines_of_these_tools_find_nothing(tmp_path: Path, healthy: str) -> None:
+    assert diagnose(tmp_path, [healthy]).rule_ids == []
