@@ -134,3 +134,40 @@ def test_a_streaming_datasets_leftover_shared_memory(tmp_path: Path, line: str, 
 )
 def test_healthy_lines_of_these_tools_find_nothing(tmp_path: Path, healthy: str) -> None:
     assert diagnose(tmp_path, [healthy]).rule_ids == []
+
+
+# tune/g-642.log: every rank raised, the job sat until Slurm's time limit.
+TIME_LIMIT = (
+    "slurmstepd: error: *** JOB 7031225 ON stxcompute184 CANCELLED AT 2023-04-11T16:24:13 "
+    "DUE TO TIME LIMIT ***"
+)
+RAISED = [
+    "Traceback (most recent call last):",
+    '  File "train_openfold.py", line 600, in <module>',
+    "ValueError: template features are missing",
+]
+
+
+def test_an_error_just_before_the_time_limit_decides(tmp_path: Path) -> None:
+    aborted = "srun: Job step aborted: Waiting up to 32 seconds for job step to finish."
+    diagnosis = diagnose(tmp_path, [*RAISED, aborted, TIME_LIMIT])
+    assert diagnosis.rule_ids[0] == "python.traceback_exception"
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        # Hours of training after the traceback: the job survived it.
+        [f"step {n} | loss 2.31" for n in range(40)],
+        # Raised after Slurm's SIGTERM: the time limit's doing.
+        None,
+    ],
+    ids=["survived long before", "after the limit"],
+)
+def test_the_time_limit_decides_over_an_error_it_did_not_follow(
+    tmp_path: Path, between: list[str] | None
+) -> None:
+    lines = [*RAISED, *between, TIME_LIMIT] if between else [TIME_LIMIT, *RAISED]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.SCHEDULER_PREEMPTION, Action.WAIT)

@@ -56,6 +56,10 @@ _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefi
 _ELASTIC_BLOCK_LINES = 12
 _TRACEBACK_LINES = 80  # how far above its exception a traceback's frame may sit
 _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
+# Slurm's line in the job's log that it ended the job at its time limit, and how close
+# below a program's error it comes when the job hung after that error.
+_TIME_LIMIT = "slurm.time_limit"
+_HUNG_AFTER_ERROR_LINES = 12
 # faulthandler's header before it prints every thread's stack of a dying process
 # ("Fatal Python error: Aborted"); a dump under it shows where the process was when it
 # crashed (tune g-269: the watchdog's abort after a timeout), not a hung job's.
@@ -363,7 +367,7 @@ class Attributor:
         self, col: _Collector, topo: Topology, roots: list[Finding], others: list[Finding]
     ) -> Diagnosis:
         roots.sort(key=self._key)
-        primary = roots[0]
+        primary = _error_before_time_limit(roots) or roots[0]
         findings = col.all()
         rule = primary.rule
         same = [f for f in roots if f.rule.category is rule.category]
@@ -571,6 +575,30 @@ class Attributor:
 
 def _titles(findings: list[Finding]) -> str:
     return ", ".join(dict.fromkeys(f.rule.title for f in sorted(findings, key=lambda f: f.order)))
+
+
+def _error_before_time_limit(roots: list[Finding]) -> Finding | None:
+    """The program's own error that the job died of just before Slurm ended it at its
+    time limit, where the time limit would otherwise decide (`roots` sorted).
+
+    A rank that raised left the others waiting in their next collective until the limit
+    (tune g-167, g-642): requeued, the job raises again, so the error decides, not the
+    wait. A hung job prints nothing more, so only the program's own exception (user_code)
+    among the last lines before the limit's line in the same log counts: a traceback
+    from hours earlier in a long log (a callback's, a logger's) was survived."""
+    limit = roots[0]
+    if limit.rule.id != _TIME_LIMIT or limit.evidence.source is not EvidenceSource.LOG:
+        return None
+    file, line = limit.order[0], limit.order[1]
+    for f in roots[1:]:
+        if (
+            f.rule.category is Category.USER_CODE
+            and f.evidence.source is EvidenceSource.LOG
+            and f.order[0] == file
+            and 0 < line - f.order[1] <= _HUNG_AFTER_ERROR_LINES
+        ):
+            return f
+    return None
 
 
 def _where(findings: list[Finding], col: _Collector) -> list[str]:
