@@ -20,11 +20,16 @@ from trainmedic.workflows.control import STALE_READ
 
 class FakeHandle:
     def __init__(
-        self, states: list[ControlState], refusals: int, refusal_type: str = STALE_READ
+        self,
+        states: list[ControlState],
+        refusals: int,
+        refusal_type: str = STALE_READ,
+        refusal: str = "the cluster's policy, mode or breaker changed after they were read",
     ) -> None:
         self.states = states
         self.refusals = refusals
         self.refusal_type = refusal_type
+        self.refusal = refusal
         self.writes: list[SetPolicyRequest] = []
 
     async def query(self, _query: Any) -> ControlState:
@@ -34,7 +39,7 @@ class FakeHandle:
         self.writes.append(request)
         if self.refusals:
             self.refusals -= 1
-            raise WorkflowUpdateFailedError(ApplicationError("refused", type=self.refusal_type))
+            raise WorkflowUpdateFailedError(ApplicationError(self.refusal, type=self.refusal_type))
 
 
 class FakeClient:
@@ -84,10 +89,17 @@ def test_three_refusals_in_a_row_fail_the_start() -> None:
     assert len(handle.writes) == 3
 
 
+def test_a_stale_read_refused_by_the_previous_release_is_tried_again() -> None:
+    # During a rolling deploy the old workflow code refuses with a plain ValueError.
+    handle = FakeHandle([_state("v1"), _state("v2+restart=approve")], 1, "ValueError")
+    _sync(handle, Policy(version="v2"))
+    assert len(handle.writes) == 1  # refused once, read again: the promotion is kept
+
+
 def test_a_refusal_other_than_a_stale_read_is_not_tried_again() -> None:
     # A policy the workflow refuses for what it says (not for when it was read) would be
     # refused again: the start fails at once, with the workflow's reason.
-    handle = FakeHandle([_state("v1")], refusals=3, refusal_type="ValueError")
+    handle = FakeHandle([_state("v1")], 3, "ValueError", "say who changes the policy ('by')")
     with pytest.raises(WorkflowUpdateFailedError):
         _sync(handle, Policy(version="v2"))
     assert len(handle.writes) == 1

@@ -204,8 +204,7 @@ async def sync_policy(client: Client, settings: Settings, policy: Policy) -> Non
         except WorkflowUpdateFailedError as error:
             # Only a stale read is worth another try; any other refusal says the same
             # thing again.
-            stale = isinstance(error.cause, ApplicationError) and error.cause.type == STALE_READ
-            if not stale or attempt + 1 == _POLICY_SYNC_ATTEMPTS:
+            if not _stale_read(error) or attempt + 1 == _POLICY_SYNC_ATTEMPTS:
                 raise
             logger.info(
                 "policy of %s changed while syncing (%s); reading it again",
@@ -215,6 +214,18 @@ async def sync_policy(client: Client, settings: Settings, policy: Policy) -> Non
             continue
         logger.info("policy of %s updated to %s", settings.cluster, policy.version)
         return
+
+
+def _stale_read(error: WorkflowUpdateFailedError) -> bool:
+    """Did the control workflow refuse the write because its state changed after it was
+    read? A worker of the release before this one, still running the workflow during a
+    rolling deploy, says so as a plain ValueError with these words."""
+    cause = error.cause
+    if not isinstance(cause, ApplicationError):
+        return False
+    return cause.type == STALE_READ or (
+        cause.type == "ValueError" and "changed after they were read" in cause.message
+    )
 
 
 def build_worker(

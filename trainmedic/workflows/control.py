@@ -148,7 +148,6 @@ class ControlWorkflow:
                 "the cluster's policy, mode or breaker changed after they were read (read "
                 f"{request.expected}; now {current}); read them again and retry",
                 type=STALE_READ,
-                non_retryable=True,
             )
 
     # -- safety rails ---------------------------------------------------------------------
