@@ -689,25 +689,36 @@ def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
 
 def _out_of_step(by_group: dict[str, dict[int, int]]) -> bool:
     """Ranks of the one process group seen timed out in different collectives."""
+    seqs = _one_counter(by_group)
+    return seqs is not None and len(set(seqs.values())) > 1
+
+
+def _one_counter(by_group: dict[str, dict[int, int]]) -> dict[int, int] | None:
+    """The ranks whose collective numbers one counter could have given, if the lines name
+    a single process group: the numbers fall into clusters no more than `_MAX_STEP_SPREAD`
+    apart, and a cluster of one rank is another group's stray line (lines that do not
+    name their group). None where two clusters of several ranks each leave it open."""
     if len(by_group) != 1:
-        return False
+        return None
     seqs = next(iter(by_group.values()))
-    return _comparable(seqs) and len(set(seqs.values())) > 1
-
-
-def _comparable(seqs: dict[int, int]) -> bool:
-    """Could these ranks' collective numbers come from one counter (`_MAX_STEP_SPREAD`)?"""
-    return max(seqs.values(), default=0) - min(seqs.values(), default=0) <= _MAX_STEP_SPREAD
+    clusters: list[dict[int, int]] = []
+    for rank, seq in sorted(seqs.items(), key=lambda item: item[1]):
+        if clusters and seq - max(clusters[-1].values()) <= _MAX_STEP_SPREAD:
+            clusters[-1][rank] = seq
+        else:
+            clusters.append({rank: seq})
+    if len(clusters) == 1:
+        return clusters[0]
+    several = [c for c in clusters if len(c) > 1]
+    return several[0] if len(several) == 1 else None
 
 
 def _lagging_ranks(by_group: dict[str, dict[int, int]]) -> list[int]:
     """Ranks whose timed-out collective is behind everyone else's in the same process
     group (`_seqs_by_group`): the others wait for them (a straggler, or the rank that
     stopped first)."""
-    if len(by_group) != 1:
-        return []
-    seqs = next(iter(by_group.values()))
-    if not _comparable(seqs):
+    seqs = _one_counter(by_group)
+    if seqs is None:
         return []
     low = min(seqs.values(), default=0)
     behind = sorted(r for r, s in seqs.items() if s == low)
