@@ -1,7 +1,8 @@
-"""Round 25 on tests/corpus/real/tune (NVIDIA's and MosaicML's stacks, JAX on GPUs,
-expert-parallel communication): collective numbers of different process groups, a
-native library's failed CHECK, DeepEP's kernel timeouts, Composer's launcher, and a
-streaming dataset's leftover shared memory.
+"""Rounds 25 and 26 on tests/corpus/real/tune (NVIDIA's and MosaicML's stacks, JAX on
+GPUs, expert-parallel communication; vision, fine-tuning, speech and diffusion repos) and
+review 22: collective numbers of different process groups, a native library's failed
+CHECK, DeepEP's kernel timeouts, Composer's and Lightning's launchers, a streaming
+dataset's leftover shared memory, an error just before Slurm's time limit.
 
 Lines quoted from a tune case name it; the others follow the tools' own formats.
 """
@@ -41,6 +42,23 @@ def test_collective_numbers_a_few_apart_are_still_out_of_step(tmp_path: Path) ->
     assert "out of step" in diagnosis.summary
 
 
+def test_one_stray_line_of_another_group_does_not_hide_ranks_out_of_step(
+    tmp_path: Path,
+) -> None:
+    # Review 22: two ranks at #100 and two at #98 are out of step, whatever rank 7's
+    # line of another group says.
+    lines = [_timeout(0, 100), _timeout(1, 100), _timeout(2, 98), _timeout(3, 98)]
+    diagnosis = diagnose(tmp_path, [*lines, _timeout(7, 64088)])
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+    assert "out of step" in diagnosis.summary
+
+
+def test_one_stray_line_of_another_group_does_not_hide_a_straggler(tmp_path: Path) -> None:
+    lines = [_timeout(0, 100), _timeout(1, 100), _timeout(2, 100), _timeout(3, 98)]
+    diagnosis = diagnose(tmp_path, [*lines, _timeout(7, 64088)])
+    assert diagnosis.culprit_ranks == [3]
+
+
 # tune/g-604.log: XLA's GPU compiler aborts on its own CHECK.
 XLA_CHECK = [
     "F0105 23:50:34.026692   34204 nccl_all_reduce_thunk.cc:175] Check failed: "
@@ -55,6 +73,25 @@ def test_a_native_librarys_failed_check_is_for_a_person(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, XLA_CHECK)
     assert diagnosis.rule_ids[0] == "proc.native_check_failed"
     assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # absl before its log is set up: 0000 and the seconds since the epoch.
+        "F0000 00:00:1727392468.104549   12345 hlo_instruction.cc:1501] Check failed: "
+        "operand_count() == 2",
+        # TensorFlow's own logger, with the source's path.
+        "2023-05-01 10:00:00.123456: F tensorflow/core/framework/tensor_shape.cc:45] Check "
+        "failed: NDIMS == dims() (2 vs. 3)",
+        # Behind Ray's and mpirun's labels.
+        "(RayTrainWorker pid=4242, ip=10.0.0.7) F0105 23:50:34.026692   34204 gpu_compiler.cc:"
+        "88] Check failed: ok",
+        "[1,0]<stderr>:F0105 23:50:34.026692   34204 gpu_compiler.cc:88] Check failed: ok",
+    ],
+)
+def test_a_failed_check_in_each_loggers_format(tmp_path: Path, line: str) -> None:
+    assert diagnose(tmp_path, [line]).rule_ids == ["proc.native_check_failed"]
 
 
 def test_a_failed_check_yields_to_a_hardware_fault_before_it(tmp_path: Path) -> None:
@@ -78,6 +115,8 @@ DEEPEP_TIMEOUTS = [
         # The dispatch and RDMA kernels' own words (DeepEP's csrc/kernels).
         ["DeepEP timeout for dispatch senders, rank 3, responsible_channel = 5"],
         ["DeepEP RDMA sender coordinator timeout, channel: 2, IB: 1, dst IB: 0, tail: 7"],
+        # The host side's exception, when the CPU gave up on the kernels.
+        ["[rank3]: RuntimeError: DeepEP error: CPU recv timeout"],
     ],
 )
 def test_deepeps_kernel_timeouts_are_a_hang_restarted_once(
@@ -126,9 +165,12 @@ def test_a_streaming_datasets_leftover_shared_memory(tmp_path: Path, line: str, 
 @pytest.mark.parametrize(
     "healthy",
     [
-        "I0105 23:50:34.026692   34204 gpu_compiler.cc:1234] Check failed count: 0",
+        "W0105 23:50:34.026692   34204 gpu_util.cc:12] Check failed: autotuning result is stale",
         "E0105 23:50:34.026692   34204 gpu_util.cc:12] Check failed: autotuning result is stale",
         "DeepEP timeout cycles set to 200000000000",
+        "DeepEP low-latency timeout: 100",
+        "Set DeepEP timeout, default 100s",
+        "INFO: increase the DeepEP timeout",
         "[INFO] DeepEP buffer: num_nvl_bytes=1073741824, low-latency timeout 100s",
     ],
 )
@@ -171,3 +213,69 @@ def test_the_time_limit_decides_over_an_error_it_did_not_follow(
     lines = [*RAISED, *between, TIME_LIMIT] if between else [TIME_LIMIT, *RAISED]
     diagnosis = diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.SCHEDULER_PREEMPTION, Action.WAIT)
+
+
+def test_lightnings_launcher_names_the_rank_whose_child_died(tmp_path: Path) -> None:
+    # tune/g-652.log: the OOM line carries no rank; Lightning's next line does.
+    lines = [
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 GiB. GPU 3 "
+        "has a total capacty of 79.22 GiB of which 24.22 GiB is free.",
+        "[rank: 3] Child process with PID 11479 terminated with code 1. Forcefully terminating "
+        "all other processes to avoid zombies",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.STOP)
+    assert diagnosis.culprit_ranks == [3]
+
+
+@pytest.mark.parametrize(
+    ("code", "rule"),
+    [
+        (-11, "proc.segfault"),
+        (-9, "proc.sigkill"),
+        (-7, "proc.bus_error"),
+        (1, "torchelastic.child_failed"),
+    ],
+)
+def test_lightnings_child_exit_code_says_the_signal(tmp_path: Path, code: int, rule: str) -> None:
+    line = (
+        f"[rank: 1] Child process with PID 2053468 terminated with code {code}. Forcefully "
+        "terminating all other processes to avoid zombies"
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids[0] == rule
+    assert diagnosis.culprit_ranks == [1]
+
+
+def test_a_ranks_own_error_is_not_blamed_on_the_rank_missing_from_the_barrier(
+    tmp_path: Path,
+) -> None:
+    # Review 22: rank 0 raised; its monitored barrier names rank 5, which is not lent.
+    lines = [
+        "Traceback (most recent call last):",
+        "ValueError: bad config",
+        "RuntimeError: [Rank 0]: Rank 5 failed to pass monitoredBarrier in 1800000 ms",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "python.traceback_exception"
+    assert diagnosis.culprit_ranks == []
+
+
+@pytest.mark.parametrize(
+    ("line", "rule", "category"),
+    [
+        # tune/g-670.log: the CUDA runtime's own words for an allocation that failed.
+        ("Error running job: CUDA error: out of memory", "oom.gpu_torch", Category.OOM_GPU),
+        # tune/g-654.log: the node could not bind the address NCCL picked for bootstrap.
+        (
+            "nd20-01:275975:275975 [0] misc/socket.cc:379 NCCL WARN Call to bind failed : "
+            "Cannot assign requested address",
+            "nccl.socket_connect_failed",
+            Category.NETWORK_NCCL,
+        ),
+    ],
+)
+def test_round_26_words(tmp_path: Path, line: str, rule: str, category: Category) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids[0] == rule
+    assert diagnosis.category is category
