@@ -279,3 +279,42 @@ def test_round_26_words(tmp_path: Path, line: str, rule: str, category: Category
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids[0] == rule
     assert diagnosis.category is category
+
+
+@pytest.mark.parametrize(
+    ("line", "rule", "category"),
+    [
+        # PyTorch 2.4+ (ProcessGroupNCCL.cpp): a rank told to dump by the one whose
+        # watchdog fired, and the process ending itself after the dump.
+        (
+            "[rank6]:[E703 21:51:54.112142364 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 6] Received a dump signal due to a collective timeout from  rank "
+            "7 and we will try our best to dump the debug info. Last enqueued NCCL work: 56116, "
+            "last completed NCCL work: 56116.",
+            "nccl.watchdog_timeout",
+            Category.NETWORK_NCCL,
+        ),
+        (
+            "[rank0]:[F725 02:47:41.268394894 ProcessGroupNCCL.cpp:1653] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 0] Terminating the process after attempting to dump debug info, "
+            "due to collective timeout or exception.",
+            "nccl.watchdog_timeout",
+            Category.NETWORK_NCCL,
+        ),
+        (
+            "[rank2]:[F1229 20:37:13.091528310 ProcessGroupNCCL.cpp:1306] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 2] Terminating the process after attempting to dump debug info, "
+            "due to ProcessGroupNCCL watchdog hang.",
+            "nccl.heartbeat_monitor",
+            Category.HANG,
+        ),
+    ],
+)
+def test_pytorchs_newer_timeout_words_are_the_watchdogs_cascade(
+    tmp_path: Path, line: str, rule: str, category: Category
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == [rule]
+    assert (diagnosis.category, diagnosis.action) == (category, Action.RESTART)
+    # The rank that told it to dump waited too: no rank is named.
+    assert diagnosis.culprit_ranks == []
