@@ -318,3 +318,29 @@ def test_pytorchs_newer_timeout_words_are_the_watchdogs_cascade(
     assert (diagnosis.category, diagnosis.action) == (category, Action.RESTART)
     # The rank that told it to dump waited too: no rank is named.
     assert diagnosis.culprit_ranks == []
+
+
+CALLED_PROCESS = (
+    "subprocess.CalledProcessError: Command '['/usr/bin/python', 'train.py', '--config', "
+    "'a.yaml']' returned non-zero exit status 1."
+)
+
+
+def test_a_launchers_subprocess_error_is_a_summary_not_a_cause(tmp_path: Path) -> None:
+    # accelerate launch and wrapper scripts raise it when the training script failed.
+    alone = diagnose(tmp_path, [CALLED_PROCESS])
+    assert (alone.category, alone.action) == (Category.UNKNOWN, Action.ESCALATE)
+    assert alone.rule_ids == ["torchelastic.child_failed"]
+    with_cause = diagnose(tmp_path, ["KeyError: 'labels'", CALLED_PROCESS])
+    assert (with_cause.category, with_cause.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_deepspeeds_login_check_is_the_ssh_set_up(tmp_path: Path) -> None:
+    # tune/g-295.log: the runner's password-less login check to the first host failed.
+    line = (
+        "subprocess.CalledProcessError: Command 'ssh -o PasswordAuthentication=no "
+        "192.168.3.100 hostname' returned non-zero exit status 255."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["launch.ssh_denied"]
+    assert diagnosis.category is Category.USER_CODE
