@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from trainmedic.catalog.correlation import (
@@ -78,6 +79,23 @@ _SHORT_TIMEOUT_MS = 300_000
 # and 96117, a model-parallel and a data-parallel group): they cannot be compared.
 _MAX_STEP_SPREAD = 64
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
+# The collective a watchdog line reports: "WorkNCCL(SeqNum=2109, OpType=_ALLGATHER_BASE,
+# NumelIn=262711296, ...". Point-to-point operations count in a counter of their own
+# (PyTorch 2.4+) and all-to-all's sizes differ by design: only these are compared.
+_WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+))?")
+_COMPARED_OPS = frozenset(
+    {
+        "ALLREDUCE",
+        "BROADCAST",
+        "REDUCE",
+        "ALLGATHER",
+        "_ALLGATHER_BASE",
+        "REDUCE_SCATTER",
+        "_REDUCE_SCATTER_BASE",
+        "BARRIER",
+    }
+)
+_SAME_SIZE_OPS = _COMPARED_OPS - {"BARRIER"}
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
@@ -487,9 +505,18 @@ class Attributor:
         limits = [int(m.group(1)) for f in cascades if (m := _TIMEOUT_MS.search(f.evidence.text))]
         groups = _seqs_by_group(cascades)
         lagging = _lagging_ranks(groups)
-        # Three shapes of a collective timeout that a restart meets again; whether the code,
-        # the data or the network kept the ranks apart is for a person, not a blind restart.
-        if seqs and max(seqs) <= _START_UP_SEQ:
+        # Four shapes of a collective timeout that a restart meets again. Ranks that called
+        # different collectives as the same one are the program's doing: it stops. Whether
+        # the code, the data or the network kept the ranks apart otherwise is for a person,
+        # not a blind restart.
+        if mismatch := _mismatched_collective(cascades):
+            # Same sequence number, different operation or size (tune g-674, g-675): the
+            # ranks took different code paths (a save on some ranks, uneven batches).
+            # The network cannot change what a rank asked for; a restart asks again.
+            category, action, transient = Category.HANG, Action.STOP, False
+            summary = f"{rule.title}: the ranks disagree on {mismatch[0]}"
+            lagging = lagging or mismatch[1]
+        elif seqs and max(seqs) <= _START_UP_SEQ:
             # The ranks never all reached their first collectives (tune g-025, g-033, g-087:
             # one rank still preprocessing or caching data, ranks on different code paths).
             category, action, transient = Category.HANG, Action.ESCALATE, None
@@ -685,6 +712,44 @@ def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
         for rank, seq in unnamed.items():
             group[rank] = min(seq, group.get(rank, seq))
     return by_group
+
+
+def _mismatched_collective(findings: list[Finding]) -> tuple[str, list[int]] | None:
+    """What ranks of one process group disagree on in the collective with the same
+    sequence number, its operation or the size of a collective whose size must match
+    ("collective #2109: _ALLGATHER_BASE of 262711296 vs 40960 elements"), and the ranks
+    on the minority's side, where there is one (the ranks that took the other path);
+    None if they agree or the lines do not say."""
+    seen: dict[tuple[str, int], dict[int, tuple[str, int | None]]] = {}
+    for f in findings:
+        if f.evidence.rank is None or not (work := _WORK.search(f.evidence.text)):
+            continue
+        op = work.group(2)
+        if op not in _COMPARED_OPS:
+            continue
+        pg = _PG.search(f.evidence.text)
+        key = (pg.group(1) if pg else "", int(work.group(1)))
+        numel = int(work.group(3)) if work.group(3) else None
+        seen.setdefault(key, {})[f.evidence.rank] = (op, numel)
+    for (_, seq), by_rank in sorted(seen.items()):
+        ops = {op for op, _ in by_rank.values()}
+        if len(ops) > 1:
+            called = {rank: op for rank, (op, _) in by_rank.items()}
+            return f"collective #{seq}: {' vs '.join(sorted(ops))}", _minority(called)
+        sizes = {rank: n for rank, (_, n) in by_rank.items() if n is not None}
+        if ops <= _SAME_SIZE_OPS and len(set(sizes.values())) > 1:
+            told = " vs ".join(map(str, sorted(set(sizes.values()))))
+            return f"collective #{seq}: {ops.pop()} of {told} elements", _minority(sizes)
+    return None
+
+
+def _minority(said: Mapping[int, Hashable]) -> list[int]:
+    """The ranks that said what fewer than half of the ranks said, if only they differ."""
+    counts: dict[Hashable, list[int]] = {}
+    for rank, value in said.items():
+        counts.setdefault(value, []).append(rank)
+    odd = [ranks for ranks in counts.values() if len(ranks) * 2 < len(said)]
+    return sorted(odd[0]) if len(odd) == 1 and len(counts) == 2 else []
 
 
 def _out_of_step(by_group: dict[str, dict[int, int]]) -> bool:

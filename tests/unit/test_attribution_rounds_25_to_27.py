@@ -1,8 +1,9 @@
-"""Rounds 25 and 26 on tests/corpus/real/tune (NVIDIA's and MosaicML's stacks, JAX on
-GPUs, expert-parallel communication; vision, fine-tuning, speech and diffusion repos) and
-review 22: collective numbers of different process groups, a native library's failed
-CHECK, DeepEP's kernel timeouts, Composer's and Lightning's launchers, a streaming
-dataset's leftover shared memory, an error just before Slurm's time limit.
+"""Rounds 25 to 27 on tests/corpus/real/tune (NVIDIA's and MosaicML's stacks, JAX on
+GPUs, expert-parallel communication; vision, fine-tuning, speech and diffusion repos;
+PyTorch, Hugging Face, NCCL and DeepSpeed threads) and review 22: collective numbers of
+different process groups, ranks that disagree on one collective, a native library's
+failed CHECK, DeepEP's kernel timeouts, Composer's, Lightning's and subprocess launchers,
+a streaming dataset's leftover shared memory, an error just before Slurm's time limit.
 
 Lines quoted from a tune case name it; the others follow the tools' own formats.
 """
@@ -344,3 +345,59 @@ def test_deepspeeds_login_check_is_the_ssh_set_up(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids == ["launch.ssh_denied"]
     assert diagnosis.category is Category.USER_CODE
+
+
+def _work(rank: int, seq: int, op: str, numel: int, pg: str = "") -> str:
+    return (
+        f"[rank{rank}]:[E616 13:41:10.909476913 ProcessGroupNCCL.cpp:565] {pg}[Rank {rank}] "
+        f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, "
+        f"NumelIn={numel}, NumelOut={numel * 2}, Timeout(ms)=1800000) ran for 1800083 "
+        "milliseconds before timing out."
+    )
+
+
+def test_ranks_in_different_operations_at_one_collective_stop(tmp_path: Path) -> None:
+    # tune/g-675.log: rank 0 is in a REDUCE where the others all-gather, at one number.
+    lines = [
+        _work(1, 3742816, "_ALLGATHER_BASE", 4096),
+        _work(0, 3742816, "REDUCE", 4096),
+        _work(5, 3742816, "_ALLGATHER_BASE", 4096),
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.STOP)
+    assert "disagree on collective #3742816" in diagnosis.summary
+    assert diagnosis.culprit_ranks == [0]  # the one that took the other path
+
+
+def test_ranks_gathering_different_sizes_at_one_collective_stop(tmp_path: Path) -> None:
+    # tune/g-674.log: two ranks, one all-gather number, two sizes: no majority to name.
+    lines = [_work(1, 2109, "_ALLGATHER_BASE", 262711296), _work(0, 2109, "_ALLGATHER_BASE", 40960)]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.STOP)
+    assert "262711296" in diagnosis.summary
+    assert diagnosis.culprit_ranks == []
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # The same collective on every rank: a timeout with no cause in sight.
+        [_work(0, 500, "ALLREDUCE", 1024), _work(1, 500, "ALLREDUCE", 1024)],
+        # All-to-all's sizes differ by design.
+        [_work(0, 500, "ALLTOALL_BASE", 1024), _work(1, 500, "ALLTOALL_BASE", 4096)],
+        # Point-to-point operations count in a counter of their own.
+        [_work(0, 500, "SEND", 1024), _work(1, 500, "ALLREDUCE", 1024)],
+        # Two process groups that happen to be at the same number.
+        [
+            _work(0, 500, "ALLREDUCE", 1024, "[PG ID 1 PG GUID 1 Rank 0] "),
+            _work(1, 500, "_REDUCE_SCATTER_BASE", 1024, "[PG ID 2 PG GUID 2 Rank 1] "),
+        ],
+    ],
+    ids=["agree", "all-to-all", "point-to-point", "two groups"],
+)
+def test_collectives_that_may_differ_are_not_a_disagreement(
+    tmp_path: Path, lines: list[str]
+) -> None:
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.action is not Action.STOP
+    assert "disagree" not in diagnosis.summary
