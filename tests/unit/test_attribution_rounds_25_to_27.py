@@ -401,3 +401,16 @@ def test_collectives_that_may_differ_are_not_a_disagreement(
     diagnosis = diagnose(tmp_path, lines)
     assert diagnosis.action is not Action.STOP
     assert "disagree" not in diagnosis.summary
+
+
+def test_ncclss_settings_that_leave_no_algorithm_stop(tmp_path: Path) -> None:
+    # tune/g-691.log: NCCL_ALGO forced CollNet on a fabric without it; NCCL's warning
+    # comes before the internal error PyTorch raises for it.
+    lines = [
+        "201: :41367:41367 [1] enqueue.cc:422 NCCL WARN Error : no algorithm/protocol available",
+        "201: RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:911, internal error, NCCL "
+        "version 2.12.7",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "nccl.no_algorithm"
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.STOP)
