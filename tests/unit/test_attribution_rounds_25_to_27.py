@@ -414,3 +414,22 @@ def test_ncclss_settings_that_leave_no_algorithm_stop(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, lines)
     assert diagnosis.rule_ids[0] == "nccl.no_algorithm"
     assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.STOP)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # tune/g-680.log: older NCCL names the segment without its directory.
+        "simple-layoutlm-mmml-1573-investigate-how-to-implement-d-lcbz2t:97:183 [0] "
+        "include/shm.h:48 NCCL WARN Error while creating shared memory segment "
+        "nccl-shm-recv-c43b846667d22574-1-1-0 (size 9637888)",
+        # Newer NCCL reserves the space first (a plain 'No space left' would stop the job).
+        "gpu01:97:183 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space "
+        "left on device",
+    ],
+)
+def test_ncclss_shared_memory_that_does_not_fit_is_for_a_person(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["nccl.shm_segment_failed"]
+    assert diagnosis.action is Action.ESCALATE
+    assert len(diagnosis.culprit_nodes) == 1  # where it happened, told to the person
