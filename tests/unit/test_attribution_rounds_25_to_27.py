@@ -196,6 +196,12 @@ def test_an_error_just_before_the_time_limit_decides(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, [*RAISED, aborted, TIME_LIMIT])
     assert diagnosis.rule_ids[0] == "python.traceback_exception"
     assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+    # torchrun stopping the other workers because of it does not change that.
+    closing = (
+        "W0312 10:01:20.901000 4411 torch/distributed/elastic/multiprocessing/api.py:897] "
+        "Sending process 4412 closing signal SIGTERM"
+    )
+    assert diagnose(tmp_path, [*RAISED, closing, TIME_LIMIT]).action is Action.STOP
 
 
 @pytest.mark.parametrize(
@@ -212,6 +218,30 @@ def test_the_time_limit_decides_over_an_error_it_did_not_follow(
     tmp_path: Path, between: list[str] | None
 ) -> None:
     lines = [*RAISED, *between, TIME_LIMIT] if between else [TIME_LIMIT, *RAISED]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.SCHEDULER_PREEMPTION, Action.WAIT)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # A logged warning that names an exception, with no traceback: survived.
+        [
+            "step 1000 | loss 2.1",
+            "WARNING: skipping sample 77: ValueError: image file is truncated",
+            "step 1001 | loss 2.1",
+            TIME_LIMIT,
+        ],
+        # The limit's SIGTERM reached a remote rank first, and its teardown traceback came
+        # into the file before the batch host's cancel line.
+        ["[rank: 9] Received SIGTERM: 15", *RAISED, TIME_LIMIT],
+    ],
+    ids=["a warning", "after SIGTERM"],
+)
+def test_only_an_uncaught_error_of_its_own_decides_over_the_time_limit(
+    tmp_path: Path, lines: list[str]
+) -> None:
+    # Review 23.
     diagnosis = diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.SCHEDULER_PREEMPTION, Action.WAIT)
 
@@ -266,7 +296,7 @@ def test_a_ranks_own_error_is_not_blamed_on_the_rank_missing_from_the_barrier(
     ("line", "rule", "category"),
     [
         # tune/g-670.log: the CUDA runtime's own words for an allocation that failed.
-        ("Error running job: CUDA error: out of memory", "oom.gpu_torch", Category.OOM_GPU),
+        ("Error running job: CUDA error: out of memory", "oom.gpu_runtime", Category.OOM_GPU),
         # tune/g-654.log: the node could not bind the address NCCL picked for bootstrap.
         (
             "nd20-01:275975:275975 [0] misc/socket.cc:379 NCCL WARN Call to bind failed : "
@@ -336,12 +366,20 @@ def test_a_launchers_subprocess_error_is_a_summary_not_a_cause(tmp_path: Path) -
     assert (with_cause.category, with_cause.action) == (Category.USER_CODE, Action.STOP)
 
 
-def test_deepspeeds_login_check_is_the_ssh_set_up(tmp_path: Path) -> None:
-    # tune/g-295.log: the runner's password-less login check to the first host failed.
-    line = (
+@pytest.mark.parametrize(
+    "line",
+    [
+        # tune/g-295.log: the runner's password-less login check to the first host failed.
         "subprocess.CalledProcessError: Command 'ssh -o PasswordAuthentication=no "
-        "192.168.3.100 hostname' returned non-zero exit status 255."
-    )
+        "192.168.3.100 hostname' returned non-zero exit status 255.",
+        # Review 23: newer DeepSpeed's list form, and --ssh_port.
+        "subprocess.CalledProcessError: Command '['ssh', '-o', 'PasswordAuthentication=no', "
+        "'worker-1', 'hostname']' returned non-zero exit status 255.",
+        "subprocess.CalledProcessError: Command 'ssh -o PasswordAuthentication=no -p 2222 "
+        "worker-1 hostname' returned non-zero exit status 255.",
+    ],
+)
+def test_deepspeeds_login_check_is_the_ssh_set_up(tmp_path: Path, line: str) -> None:
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids == ["launch.ssh_denied"]
     assert diagnosis.category is Category.USER_CODE
@@ -392,8 +430,18 @@ def test_ranks_gathering_different_sizes_at_one_collective_stop(tmp_path: Path) 
             _work(0, 500, "ALLREDUCE", 1024, "[PG ID 1 PG GUID 1 Rank 0] "),
             _work(1, 500, "_REDUCE_SCATTER_BASE", 1024, "[PG ID 2 PG GUID 2 Rank 1] "),
         ],
+        # Review 23: data-parallel groups of two pipeline stages, told apart by their GUID
+        # (their "PG ID" is each process's own counter).
+        [
+            _work(0, 1201, "_REDUCE_SCATTER_BASE", 412090368, "[PG ID 2 PG GUID 5(DP) Rank 0] "),
+            _work(1, 1201, "_REDUCE_SCATTER_BASE", 412090368, "[PG ID 2 PG GUID 5(DP) Rank 1] "),
+            _work(2, 1201, "_REDUCE_SCATTER_BASE", 301989888, "[PG ID 2 PG GUID 6(DP) Rank 0] "),
+            _work(3, 1201, "_REDUCE_SCATTER_BASE", 301989888, "[PG ID 2 PG GUID 6(DP) Rank 1] "),
+        ],
+        # Old lines without a group, at start-up where every group's counter is low.
+        [_work(0, 2, "ALLREDUCE", 1024), _work(1, 2, "BROADCAST", 1024)],
     ],
-    ids=["agree", "all-to-all", "point-to-point", "two groups"],
+    ids=["agree", "all-to-all", "point-to-point", "two groups", "two GUIDs", "start-up"],
 )
 def test_collectives_that_may_differ_are_not_a_disagreement(
     tmp_path: Path, lines: list[str]
@@ -403,7 +451,7 @@ def test_collectives_that_may_differ_are_not_a_disagreement(
     assert "disagree" not in diagnosis.summary
 
 
-def test_ncclss_settings_that_leave_no_algorithm_stop(tmp_path: Path) -> None:
+def test_ncclss_settings_that_leave_no_algorithm_are_for_a_person(tmp_path: Path) -> None:
     # tune/g-691.log: NCCL_ALGO forced CollNet on a fabric without it; NCCL's warning
     # comes before the internal error PyTorch raises for it.
     lines = [
@@ -413,7 +461,8 @@ def test_ncclss_settings_that_leave_no_algorithm_stop(tmp_path: Path) -> None:
     ]
     diagnosis = diagnose(tmp_path, lines)
     assert diagnosis.rule_ids[0] == "nccl.no_algorithm"
-    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.STOP)
+    # The job's settings, or a node where SHARP or NVLS did not come up (review 23).
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
 
 
 @pytest.mark.parametrize(
@@ -433,3 +482,38 @@ def test_ncclss_shared_memory_that_does_not_fit_is_for_a_person(tmp_path: Path, 
     assert diagnosis.rule_ids == ["nccl.shm_segment_failed"]
     assert diagnosis.action is Action.ESCALATE
     assert len(diagnosis.culprit_nodes) == 1  # where it happened, told to the person
+
+
+def test_a_programs_own_subprocess_failing_is_its_error(tmp_path: Path) -> None:
+    # Review 23: a copy the program runs failed; it fails again on every restart, so it
+    # is not a launcher's summary that the collective timeouts around it outrank.
+    lines = [
+        "[rank0]: subprocess.CalledProcessError: Command '['cp', '-r', 'ckpt', '/nfs/ckpt']' "
+        "returned non-zero exit status 1.",
+        _work(1, 3412, "ALLREDUCE", 1024),
+        _work(2, 3412, "ALLREDUCE", 1024),
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "python.exception_other"
+    assert diagnosis.category is Category.USER_CODE
+    assert diagnosis.culprit_ranks == [0]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # Review 23: a GPU that a leftover process holds, or pinned memory: not the model's
+        # size, and not PyTorch's allocator.
+        [
+            "[rank5]:     torch.cuda.set_device(local_rank)",
+            "[rank5]: RuntimeError: CUDA error: out of memory",
+        ],
+        [
+            "RuntimeError: Caught RuntimeError in pin memory thread for device 0.",
+            "RuntimeError: CUDA error: out of memory",
+        ],
+    ],
+)
+def test_the_cuda_runtimes_out_of_memory_is_for_a_person(tmp_path: Path, lines: list[str]) -> None:
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.ESCALATE)

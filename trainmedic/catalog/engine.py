@@ -96,6 +96,15 @@ _COMPARED_OPS = frozenset(
     }
 )
 _SAME_SIZE_OPS = _COMPARED_OPS - {"BARRIER"}
+# Which process group a watchdog line speaks for, across ranks: PyTorch 2.3+ prints the
+# group's GUID, the same on every rank ("PG GUID 5(DATA_PARALLEL_GROUP)"); its "PG ID" is
+# a counter of each process, the same across ranks only for the default group (0).
+_PG_GUID = re.compile(r"PG GUID (\S+?)\(")
+_PG_ID = re.compile(r"\[PG (?:ID )?(\d+)")
+# Lines that name no group (PyTorch before 2.3) are compared only where their number is
+# past every group's start-up: two groups' counters meet at #2 all the time, at #3742816
+# hardly ever.
+_UNNAMED_GROUP_MIN_SEQ = 100
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
@@ -385,7 +394,7 @@ class Attributor:
         self, col: _Collector, topo: Topology, roots: list[Finding], others: list[Finding]
     ) -> Diagnosis:
         roots.sort(key=self._key)
-        primary = _error_before_time_limit(roots) or roots[0]
+        primary = _error_before_time_limit(roots, col.all()) or roots[0]
         findings = col.all()
         rule = primary.rule
         same = [f for f in roots if f.rule.category is rule.category]
@@ -515,7 +524,7 @@ class Attributor:
             # The network cannot change what a rank asked for; a restart asks again.
             category, action, transient = Category.HANG, Action.STOP, False
             summary = f"{rule.title}: the ranks disagree on {mismatch[0]}"
-            lagging = lagging or mismatch[1]
+            lagging = mismatch[1]
         elif seqs and max(seqs) <= _START_UP_SEQ:
             # The ranks never all reached their first collectives (tune g-025, g-033, g-087:
             # one rank still preprocessing or caching data, ranks on different code paths).
@@ -604,26 +613,41 @@ def _titles(findings: list[Finding]) -> str:
     return ", ".join(dict.fromkeys(f.rule.title for f in sorted(findings, key=lambda f: f.order)))
 
 
-def _error_before_time_limit(roots: list[Finding]) -> Finding | None:
+def _error_before_time_limit(roots: list[Finding], findings: list[Finding]) -> Finding | None:
     """The program's own error that the job died of just before Slurm ended it at its
     time limit, where the time limit would otherwise decide (`roots` sorted).
 
     A rank that raised left the others waiting in their next collective until the limit
     (tune g-167, g-642): requeued, the job raises again, so the error decides, not the
-    wait. A hung job prints nothing more, so only the program's own exception (user_code)
-    among the last lines before the limit's line in the same log counts: a traceback
-    from hours earlier in a long log (a callback's, a logger's) was survived."""
+    wait. Only an uncaught exception (user_code, at the bottom of a traceback) among the
+    last lines before the limit's line in the same log: a hung job prints nothing more,
+    while a logged warning or a traceback from hours before was survived. Not where a
+    SIGTERM came just before the traceback: the teardown's own tracebacks (remote ranks'
+    output can reach the file before the batch host's cancel line) are the time limit's
+    doing. A SIGTERM after the error is a launcher stopping the other ranks because of it."""
     limit = roots[0]
     if limit.rule.id != _TIME_LIMIT or limit.evidence.source is not EvidenceSource.LOG:
         return None
     file, line = limit.order[0], limit.order[1]
     for f in roots[1:]:
         if (
-            f.rule.category is Category.USER_CODE
-            and f.evidence.source is EvidenceSource.LOG
-            and f.order[0] == file
-            and 0 < line - f.order[1] <= _HUNG_AFTER_ERROR_LINES
+            f.rule.category is not Category.USER_CODE
+            or f.evidence.source is not EvidenceSource.LOG
+            or f.order[0] != file
+            or not 0 < line - f.order[1] <= _HUNG_AFTER_ERROR_LINES
         ):
+            continue
+        header = _context_above(f, findings, "python.traceback_header")
+        if header is None:
+            continue
+        teardown = [
+            s
+            for s in findings
+            if s.rule.id == "proc.sigterm_received"
+            and s.order[0] == file
+            and header.order[1] - _TRACEBACK_LINES <= s.order[1] < header.order[1]
+        ]
+        if not teardown:
             return f
     return None
 
@@ -724,13 +748,14 @@ def _mismatched_collective(findings: list[Finding]) -> tuple[str, list[int]] | N
     for f in findings:
         if f.evidence.rank is None or not (work := _WORK.search(f.evidence.text)):
             continue
-        op = work.group(2)
-        if op not in _COMPARED_OPS:
+        op, seq = work.group(2), int(work.group(1))
+        group = _group_across_ranks(f.evidence.text, seq)
+        if op not in _COMPARED_OPS or group is None:
             continue
-        pg = _PG.search(f.evidence.text)
-        key = (pg.group(1) if pg else "", int(work.group(1)))
         numel = int(work.group(3)) if work.group(3) else None
-        seen.setdefault(key, {})[f.evidence.rank] = (op, numel)
+        said = seen.setdefault((group, seq), {})
+        if said.setdefault(f.evidence.rank, (op, numel)) != (op, numel):
+            return None  # one rank, two collectives under one key: groups mixed up
     for (_, seq), by_rank in sorted(seen.items()):
         ops = {op for op, _ in by_rank.values()}
         if len(ops) > 1:
@@ -741,6 +766,16 @@ def _mismatched_collective(findings: list[Finding]) -> tuple[str, list[int]] | N
             told = " vs ".join(map(str, sorted(set(sizes.values()))))
             return f"collective #{seq}: {ops.pop()} of {told} elements", _minority(sizes)
     return None
+
+
+def _group_across_ranks(text: str, seq: int) -> str | None:
+    """A name for the process group of a watchdog line that is the same on every rank,
+    or None where the line's group cannot be told apart from another's."""
+    if guid := _PG_GUID.search(text):
+        return f"guid:{guid.group(1)}"
+    if local := _PG_ID.search(text):
+        return "default" if local.group(1) == "0" else None
+    return "" if seq > _UNNAMED_GROUP_MIN_SEQ else None
 
 
 def _minority(said: Mapping[int, Hashable]) -> list[int]:
