@@ -517,3 +517,24 @@ def test_a_programs_own_subprocess_failing_is_its_error(tmp_path: Path) -> None:
 def test_the_cuda_runtimes_out_of_memory_is_for_a_person(tmp_path: Path, lines: list[str]) -> None:
     diagnosis = diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.ESCALATE)
+
+
+def _dumped(rank: int, enqueued: int, completed: int) -> str:
+    return (
+        f"[rank{rank}]:[E703 21:51:54.112142364 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID "
+        f"0(default_pg) Rank {rank}] Received a dump signal due to a collective timeout from  "
+        f"rank 7 and we will try our best to dump the debug info. Last enqueued NCCL work: "
+        f"{enqueued}, last completed NCCL work: {completed}."
+    )
+
+
+def test_a_rank_that_never_called_the_collective_the_others_wait_in_is_named(
+    tmp_path: Path,
+) -> None:
+    # Review 23: rank 7 timed out in #56117; ranks 4 and 5 wait in it too (enqueued, not
+    # completed); rank 6 completed everything up to #56116 and never called #56117.
+    timeout = _work(7, 56117, "ALLREDUCE", 1024, "[PG ID 0 PG GUID 0(default_pg) Rank 7] ")
+    lines = [timeout, _dumped(4, 56117, 56116), _dumped(5, 56118, 56116), _dumped(6, 56116, 56116)]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
+    assert diagnosis.culprit_ranks == [6]

@@ -105,6 +105,10 @@ _PG_ID = re.compile(r"\[PG (?:ID )?(\d+)")
 # past every group's start-up: two groups' counters meet at #2 all the time, at #3742816
 # hardly ever.
 _UNNAMED_GROUP_MIN_SEQ = 100
+_ENQUEUED = re.compile(
+    r"Received a dump signal due to a collective timeout from .{1,120}?"
+    r"Last enqueued NCCL work: (\d+), last completed NCCL work: (-?\d+)"
+)
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
@@ -722,11 +726,13 @@ def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
     """Each process group's ranks and the (lowest) collective number they timed out in."""
     by_group: dict[str, dict[int, int]] = {}
     for f in findings:
-        if f.seq is None or f.evidence.rank is None:
+        seq = f.seq if f.seq is not None else _waiting_in(f.evidence.text)
+        if seq is None or f.evidence.rank is None:
             continue
-        pg = _PG.search(f.evidence.text)
+        # The GUID where the line has one: a "PG ID" is each process's own counter.
+        pg = _PG_GUID.search(f.evidence.text) or _PG.search(f.evidence.text)
         seqs = by_group.setdefault(pg.group(1) if pg else "", {})
-        seqs[f.evidence.rank] = min(f.seq, seqs.get(f.evidence.rank, f.seq))
+        seqs[f.evidence.rank] = min(seq, seqs.get(f.evidence.rank, seq))
     named = [g for g in by_group if g]
     if "" in by_group and len(named) == 1:
         # Older lines name no group ("[Rank 1] Watchdog caught ..."): beside lines of a
@@ -736,6 +742,17 @@ def _seqs_by_group(findings: list[Finding]) -> dict[str, dict[int, int]]:
         for rank, seq in unnamed.items():
             group[rank] = min(seq, group.get(rank, seq))
     return by_group
+
+
+def _waiting_in(text: str) -> int | None:
+    """The collective a rank told to dump is at (PyTorch 2.4+: "Received a dump signal ...
+    Last enqueued NCCL work: E, last completed NCCL work: C"): the first one it has not
+    completed, or, with nothing pending, the last it enqueued: a rank at E while the others
+    time out in E + 1 never called the collective they wait in (review 23)."""
+    if not (m := _ENQUEUED.search(text)):
+        return None
+    enqueued, completed = int(m.group(1)), int(m.group(2))
+    return min(completed + 1, enqueued)
 
 
 def _mismatched_collective(findings: list[Finding]) -> tuple[str, list[int]] | None:
