@@ -100,7 +100,6 @@ _SAME_SIZE_OPS = _COMPARED_OPS - {"BARRIER"}
 # group's GUID, the same on every rank ("PG GUID 5(DATA_PARALLEL_GROUP)"); its "PG ID" is
 # a counter of each process, the same across ranks only for the default group (0).
 _PG_GUID = re.compile(r"PG GUID (\S+?)\(")
-_PG_ID = re.compile(r"\[PG (?:ID )?(\d+)")
 # Lines that name no group (PyTorch before 2.3) are compared only where their number is
 # past every group's start-up: two groups' counters meet at #2 all the time, at #3742816
 # hardly ever.
@@ -109,6 +108,7 @@ _ENQUEUED = re.compile(
     r"Received a dump signal due to a collective timeout from .{1,120}?"
     r"Last enqueued NCCL work: (\d+), last completed NCCL work: (-?\d+)"
 )
+# A line's process group by its number, "[PG 0 Rank 3]" or "[PG ID 0 PG GUID ...]".
 _PG = re.compile(r"\[PG (?:ID )?(\d+)")
 
 
@@ -398,8 +398,8 @@ class Attributor:
         self, col: _Collector, topo: Topology, roots: list[Finding], others: list[Finding]
     ) -> Diagnosis:
         roots.sort(key=self._key)
-        primary = _error_before_time_limit(roots, col.all()) or roots[0]
         findings = col.all()
+        primary = _error_before_time_limit(roots, findings) or roots[0]
         rule = primary.rule
         same = [f for f in roots if f.rule.category is rule.category]
         confidence = rule.confidence
@@ -790,7 +790,7 @@ def _group_across_ranks(text: str, seq: int) -> str | None:
     or None where the line's group cannot be told apart from another's."""
     if guid := _PG_GUID.search(text):
         return f"guid:{guid.group(1)}"
-    if local := _PG_ID.search(text):
+    if local := _PG.search(text):
         return "default" if local.group(1) == "0" else None
     return "" if seq > _UNNAMED_GROUP_MIN_SEQ else None
 
