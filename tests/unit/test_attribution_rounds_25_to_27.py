@@ -538,3 +538,11 @@ def test_a_rank_that_never_called_the_collective_the_others_wait_in_is_named(
     diagnosis = diagnose(tmp_path, lines)
     assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
     assert diagnosis.culprit_ranks == [6]
+
+
+def test_open_mpis_error_before_a_communicator_exists_is_a_failed_init(tmp_path: Path) -> None:
+    # tune/g-493.log: DeepSpeed found an MPI environment, and MPI_Init_thread failed.
+    lines = ["*** An error occurred in MPI_Init_thread", "*** on a NULL communicator"]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids == ["mpi.init_failed"]
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.ESCALATE)
