@@ -9,7 +9,7 @@ import pytest
 
 from trainmedic.catalog import CatalogError, Matcher, load_catalog
 from trainmedic.catalog.loader import parse_files
-from trainmedic.catalog.model import LINE_START, Pattern, Rule
+from trainmedic.catalog.model import LAUNCHED_COMMAND, LINE_START, Pattern, Rule
 from trainmedic.domain import Action, EvidenceSource, Role
 
 CATALOG = load_catalog()
@@ -191,3 +191,11 @@ def test_every_raised_error_rule_reads_past_a_hosts_and_ranks_labels(
     # The older rules wanted at most one label and no host; a multi-node srun job prints
     # both in front of the same error.
     assert rule_id in {m.rule.id for m in MATCHER.match(line)}
+
+
+def test_launched_command_names_python_or_a_launcher_as_a_subprocess_errors_command() -> None:
+    pattern = Pattern(regex="Command {launched_command}", triggers=["Command"])
+    assert pattern.regex == "Command " + LAUNCHED_COMMAND
+    assert pattern.compiled().search("Command '['/usr/bin/python3.10', 'train.py']'")
+    assert pattern.compiled().search("Command 'torchrun --nproc_per_node 8 train.py'")
+    assert not pattern.compiled().search("Command '['cp', '-r', 'ckpt', '/nfs']'")

@@ -28,6 +28,14 @@ CAPTURE_GROUPS = frozenset({"rank", "ranks", "host", "seq", "xid", "pci"})
 # "[rank3]: ", a host's "gpu07: "). For errors that count only as raised, not where a
 # warning or a retry merely mentions them.
 LINE_START = r"^\s*(?:(?:\[\w+\]: ?|\d{1,6}: |[A-Za-z][\w.-]*\d[\w.-]*: )\s*){0,3}"
+# `{launched_command}`: the command a subprocess.CalledProcessError quotes, where it runs
+# Python or a launcher ("'['/usr/bin/python', 'train.py']'", "'torchrun ..."): a launcher's
+# summary of its child, not a program's own subprocess.
+LAUNCHED_COMMAND = (
+    r"'\[?'?(?:[^'\s,]*/)?(?:python[\d.]*|torchrun|accelerate|deepspeed|mpirun|srun)\b"
+)
+# What the catalog's patterns may name instead of writing the same regex again.
+PLACEHOLDERS = {"{line_start}": LINE_START, "{launched_command}": LAUNCHED_COMMAND}
 
 
 class Pattern(BaseModel):
@@ -47,7 +55,10 @@ class Pattern(BaseModel):
     @field_validator("regex", mode="before")
     @classmethod
     def _expand(cls, value: object) -> object:
-        return value.replace("{line_start}", LINE_START) if isinstance(value, str) else value
+        if isinstance(value, str):
+            for name, regex in PLACEHOLDERS.items():
+                value = value.replace(name, regex)
+        return value
 
     @field_validator("regex")
     @classmethod
