@@ -644,13 +644,12 @@ def _error_before_time_limit(roots: list[Finding], findings: list[Finding]) -> F
         header = _context_above(f, findings, "python.traceback_header")
         if header is None:
             continue
-        teardown = [
-            s
-            for s in findings
-            if s.rule.id == "proc.sigterm_received"
+        teardown = any(
+            s.rule.id == "proc.sigterm_received"
             and s.order[0] == file
             and header.order[1] - _TRACEBACK_LINES <= s.order[1] < header.order[1]
-        ]
+            for s in findings
+        )
         if not teardown:
             return f
     return None
