@@ -27,13 +27,14 @@ from trainmedic.catalog.model import (
 log = logging.getLogger(__name__)
 
 # Kernel-log Xid lines: "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."
-# Older drivers print "NVRM: Xid (0000:3b:00): 79, ..."; NVML findings may say "Xid 79".
+# Older drivers print "NVRM: Xid (0000:3b:00): 79, ..."; NVML findings may say "Xid 79", and
+# the Kubernetes device plugin's health check "XidCriticalError: Xid=79 on Device=GPU-...".
 # The number is captured and dispatched through the Xid table.
 # The GPU's PCI address is captured where it is one; a placeholder that a report
 # redacted it to ("(PCI:...)", "(PCI:xxxx:xx:xx)") still leaves the Xid readable.
 XID_REGEX = (
     r"(?<![A-Za-z])Xid(?: \((?:PCI:)?(?:(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
-    r"(?:\.[0-9A-Fa-f])?)|[^()\d][^()]{0,30})\))?:? *(?P<xid>\d{1,3})\b"
+    r"(?:\.[0-9A-Fa-f])?)|[^()\d][^()]{0,30})\))?[:=]? *(?P<xid>\d{1,3})\b"
 )
 
 
