@@ -148,3 +148,55 @@ def test_the_container_runtime_finding_no_driver_is_the_nodes(tmp_path: Path) ->
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids == ["cuda.no_device"]
     assert diagnosis.category == Category.GPU_HARDWARE
+
+
+def test_paddles_data_reader_failing_is_the_data_loaders_restarted_once(tmp_path: Path) -> None:
+    # tune/g-710.log: the queue is killed and the reader's own exception is not shown.
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "ERROR:root:DataLoader reader thread raised an exception!",
+            "SystemError: (Fatal) Blocking queue is killed because the data reader raises an "
+            "exception.",
+            "  [Hint: Expected killed_ != true, but received killed_:1 == true:1.] (at "
+            "/paddle/paddle/fluid/operators/reader/blocking_queue.h:166)",
+        ],
+    )
+    assert diagnosis.rule_ids[0] == "dataloader.reader_raised"
+    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.RESTART)
+
+
+def test_the_readers_own_exception_decides_over_paddles_queue(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "KeyError: 'gt_bbox'",
+            "SystemError: (Fatal) Blocking queue is killed because the data reader raises an "
+            "exception.",
+        ],
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_ucx_probing_an_infiniband_device_it_was_not_given_is_not_a_missing_file(
+    tmp_path: Path,
+) -> None:
+    # benign/g-728.log: HugeCTR starts on in a container without the HCA.
+    line = (
+        "[1609317489.343426] [ec5422b27eec:26444:0]          ib_md.c:1580 UCX  ERROR "
+        "ibv_open_device(mlx5_0) failed: No such file or directory"
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert "storage.file_not_found" not in diagnosis.rule_ids
+    assert diagnosis.category == Category.UNKNOWN
+
+
+def test_no_room_in_dev_shm_is_ncclss_transport_failing(tmp_path: Path) -> None:
+    # tune/g-720.log (and g-680): read as NCCL's failure; a person looks where.
+    line = (
+        "LXC:71145:71167 [0] include/shm.h:48 NCCL WARN Error while creating shared memory "
+        "segment nccl-shm-recv-37615efd7c719251-0-1-0 (size 9637888)"
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["nccl.shm_segment_failed"]
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)

@@ -284,7 +284,7 @@ NCCL_SET_UP_AND_PROXY = [
     (
         "gpu01:1234:1234 [0] include/shm.h:48 NCCL WARN Error while creating shared memory "
         "segment /dev/shm/nccl-KkM0Gc (size 9637888)",
-        Category.STORAGE_IO,
+        Category.NETWORK_NCCL,  # NCCL's transport fails (round 28: tune g-680, g-720)
         Action.ESCALATE,  # a small container's /dev/shm, or one earlier jobs filled
     ),
     (
