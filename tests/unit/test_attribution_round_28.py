@@ -200,3 +200,50 @@ def test_no_room_in_dev_shm_is_ncclss_transport_failing(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids == ["nccl.shm_segment_failed"]
     assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
+
+
+def _caught_in_worker(exception: str, message: str, prefix: str = "") -> list[str]:
+    return [
+        f"{prefix}{exception}: Caught {exception} in DataLoader worker process 0.",
+        f"{prefix}Original Traceback (most recent call last):",
+        f'{prefix}  File "/work/dataset.py", line 40, in __getitem__',
+        f"{prefix}{exception}: {message}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("exception", "message"),
+    [
+        ("KeyError", "'image'"),
+        ("FileNotFoundError", "[Errno 2] No such file or directory: '/data/img/000197.jpg'"),
+        ("RuntimeError", "stack expects each tensor to be equal size, but got [3, 224, 224]"),
+    ],
+)
+def test_an_exception_in_a_dataloader_worker_is_the_datas_and_stops(
+    tmp_path: Path, exception: str, message: str
+) -> None:
+    diagnosis = diagnose(tmp_path, _caught_in_worker(exception, message))
+    assert diagnosis.rule_ids[0] == "dataloader.worker_exception"
+    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
+
+
+def test_a_dataloader_workers_exception_names_the_rank(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, _caught_in_worker("ValueError", "bad label 7", "[rank3]: "))
+    assert diagnosis.culprit_ranks == [3]
+
+
+def test_a_worker_error_that_a_rule_knows_decides(tmp_path: Path) -> None:
+    lines = _caught_in_worker("OSError", "image file is truncated (5 bytes not processed)")
+    assert diagnose(tmp_path, lines).rule_ids[0] == "dataloader.unreadable_sample"
+
+
+def test_a_worker_streaming_its_data_over_a_lost_connection_is_not_the_datas(
+    tmp_path: Path,
+) -> None:
+    line = (
+        "requests.exceptions.ConnectionError: Caught ConnectionError in DataLoader worker "
+        "process 1."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert "dataloader.worker_exception" not in diagnosis.rule_ids
+    assert diagnosis.action is not Action.STOP
