@@ -1,7 +1,10 @@
-"""Round 28 (other LLM frameworks, training outside language models, GPU node faults on
-Kubernetes stacks, elastic launchers), and the documented words written before its cases
-arrived: PaddlePaddle's launchers and signal handler, the Kubernetes device plugin's Xid
-health check, the NVIDIA container runtime's refusals, Ray Train's summary.
+"""Rounds 28 and 29 (other LLM frameworks, training outside language models, GPU node
+faults on Kubernetes stacks, elastic launchers; Chinese-ecosystem and vision-language
+repositories, MLPerf logs, open pretraining projects), and the documented words written
+before their cases arrived: PaddlePaddle's launchers and signal handler, the Kubernetes
+device plugin's Xid health check, the NVIDIA container runtime's refusals, Ray Train's
+summary, an exception PyTorch re-raises from a DataLoader worker, a C program's CUDA
+error line.
 
 Lines quoted from a tune case name it; the others follow the tools' own formats.
 """
@@ -247,3 +250,59 @@ def test_a_worker_streaming_its_data_over_a_lost_connection_is_not_the_datas(
     diagnosis = diagnose(tmp_path, [line])
     assert "dataloader.worker_exception" not in diagnosis.rule_ids
     assert diagnosis.action is not Action.STOP
+
+
+def test_the_cuda_runtimes_error_string_alone_under_a_c_programs_header(tmp_path: Path) -> None:
+    # llm.c's error macro prints cudaGetErrorString() on the line after its header.
+    diagnosis = diagnose(tmp_path, ["[CUDA ERROR] at file train_gpt2.cu:1041:", "out of memory"])
+    assert diagnosis.rule_ids == ["oom.gpu_runtime"]
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.ESCALATE)
+
+
+def test_a_failed_c_assert_is_a_native_check_and_the_program_is_not_a_host(
+    tmp_path: Path,
+) -> None:
+    # tune/g-775.log: glibc's message starts with the program's name, not a node's.
+    line = (
+        "train_gpt2cu: llmc/dataloader.h:186: void dataloader_init(DataLoader*, const char*, "
+        "size_t, size_t, int, int, int): Assertion `shard_ntok >= (int64_t) (num_processes * "
+        "B * T + 1)' failed."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["proc.native_check_failed"]
+    assert diagnosis.action == Action.ESCALATE
+    assert diagnosis.culprit_nodes == []
+
+
+def test_a_host_prefix_still_names_its_node(tmp_path: Path) -> None:
+    line = "gpu03: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert diagnose(tmp_path, [line]).culprit_nodes == ["gpu03"]
+
+
+def test_glogs_header_with_the_year_is_read(tmp_path: Path) -> None:
+    line = (
+        "F20221031 10:52:42.193126 106986 shape_tree.cc:54] Check failed: "
+        "result->children_start_id >= 0 (-1 vs. 0)"
+    )
+    assert diagnose(tmp_path, [line]).rule_ids == ["proc.native_check_failed"]
+
+
+def test_an_mpi_call_before_mpi_init_is_the_programs_and_stops(tmp_path: Path) -> None:
+    # tune/g-783.log
+    lines = [
+        "*** The MPI_Barrier() function was called before MPI_INIT was invoked.",
+        "*** This is disallowed by the MPI standard.",
+        "*** Your MPI job will now abort.",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids == ["mpi.called_outside_init"]
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_a_streaming_datasets_reused_directory_wrapped_after_vs(tmp_path: Path) -> None:
+    # tune/g-779.log
+    lines = [
+        "ValueError: Reused local directory: ['/raid/mpt/my-copy-c4/train_small'] vs",
+        "['/raid/mpt/my-copy-c4/train_small']. Provide a different one.",
+    ]
+    assert diagnose(tmp_path, lines).rule_ids[0] == "dataloader.streaming_cache_conflict"
