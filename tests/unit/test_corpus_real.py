@@ -187,4 +187,6 @@ def test_tunes_accepted_dangerous_cases_are_the_reviewed_ones() -> None:
         "g-632.log",  # one REDUCE timeout; the label rests on the reporter's data mix
         "g-702.log",  # one rank's all-gather timeout; the label rests on the thread's
         # finding that a ZeRO-3 gather for generate ran on some ranks only
+        "g-797.log",  # two ranks' broadcast timeouts at one collective number; the label
+        # rests on the reporter's finding that one kind of sample makes it hang
     }
