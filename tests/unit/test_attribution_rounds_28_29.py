@@ -306,3 +306,56 @@ def test_a_streaming_datasets_reused_directory_wrapped_after_vs(tmp_path: Path) 
         "['/raid/mpt/my-copy-c4/train_small']. Provide a different one.",
     ]
     assert diagnose(tmp_path, lines).rule_ids[0] == "dataloader.streaming_cache_conflict"
+
+
+# Round 30's sweep, written before its cases (hangs, processes killed, the program's
+# own errors) arrived.
+
+
+def test_glooss_monitored_barrier_names_the_rank_that_never_answered(tmp_path: Path) -> None:
+    line = (
+        "[E ProcessGroupGloo.cpp:138] Rank 1 successfully reached monitoredBarrier, but "
+        "received errors while waiting for send/recv from rank 0. Please check rank 0 logs "
+        "for faulty rank."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["torch.monitored_barrier_failed"]
+    assert diagnosis.culprit_ranks == [0]
+
+
+def test_a_launchers_child_killed_by_sigkill_in_numbers(tmp_path: Path) -> None:
+    line = (
+        "subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' returned "
+        "non-zero exit status -9."
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids[0] == "proc.sigkill"
+    assert diagnosis.category == Category.OOM_HOST
+
+
+def test_rays_actor_dead_because_its_worker_died(tmp_path: Path) -> None:
+    line = (
+        "The actor is dead because its worker process has died. Worker exit type: "
+        "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error "
+        "code 2. End of file."
+    )
+    assert diagnose(tmp_path, [line]).rule_ids == ["ray.worker_died"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: Expected to mark a variable ready only once. This error is caused by "
+        "one of the following reasons: 1) Use of a module parameter outside the `forward` "
+        "function.",
+        "RuntimeError: one of the variables needed for gradient computation has been modified "
+        "by an inplace operation: [torch.cuda.FloatTensor [1024]] is at version 3; expected "
+        "version 2 instead.",
+        "deepspeed.runtime.config.DeepSpeedConfigError: Check batch related parameters. "
+        "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * "
+        "world_size 16 != 2 * 1 * 4",
+    ],
+)
+def test_the_models_and_configs_own_errors_stop(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
