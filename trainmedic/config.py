@@ -36,6 +36,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trainmedic.domain.enums import Action, Mode
 from trainmedic.durations import format_duration, parse_duration
 from trainmedic.errors import ConfigError
+from trainmedic.strict_yaml import UniqueKeyLoader
 from trainmedic.temporal import tls as tm_tls
 
 ENV_PREFIX = "TRAINMEDIC_"
@@ -517,8 +518,8 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError("environment (TRAINMEDIC_*)", problems) from None
 
 
-class _PolicyLoader(yaml.SafeLoader):
-    """SafeLoader without aliases and with a depth limit.
+class _PolicyLoader(UniqueKeyLoader):
+    """SafeLoader without aliases, repeated keys, or deep nesting.
 
     An alias is a reference, so a few lines of nested aliases ("billion laughs") build
     a structure whose every walk (validation, an error message's repr) is exponential. A

@@ -128,6 +128,15 @@ def test_duplicate_id_fails_at_load() -> None:
         parse_files(texts)
 
 
+def test_a_key_given_twice_in_a_rule_fails_at_load() -> None:
+    # PyYAML would keep the second list and drop the first without a word.
+    texts = _texts()
+    body = RULE.format(category="oom_gpu", action="stop") + '    examples: ["boom again"]\n'
+    texts["zz.yaml"] = f'version: "{CATALOG.version}"\nrules:' + body
+    with pytest.raises(CatalogError, match="'examples' given twice"):
+        parse_files(texts)
+
+
 def test_version_disagreement_and_bad_regex_fail() -> None:
     texts = _texts()
     texts["zz.yaml"] = 'version: "0.0.0"\nrules: []\n'

@@ -69,6 +69,8 @@ def test_bad_policy_names_every_offending_key() -> None:
         ("mode: [", "not valid YAML"),
         ("- a\n- b\n", "expected a mapping"),
         ("rails: 5", "rails"),
+        # The later of two keys would win silently: here, autonomy over monitoring.
+        ("mode:\n  default: monitor\n  default: auto\n", "line 3.*'default' given twice"),
     ],
 )
 def test_malformed_policy_files(text: str, fragment: str) -> None:

@@ -23,6 +23,7 @@ from trainmedic.catalog.model import (
     XidBucket,
     XidEntry,
 )
+from trainmedic.strict_yaml import UniqueKeyLoader
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def parse_files(texts: dict[str, str]) -> Catalog:
     xids: dict[int, XidEntry] = {}
     for name in sorted(texts):
         try:
-            raw: Any = yaml.safe_load(texts[name])
+            raw: Any = yaml.load(texts[name], Loader=UniqueKeyLoader)  # a SafeLoader
         except yaml.YAMLError as error:
             raise CatalogError(f"{name}: not valid YAML: {error}") from error
         if not isinstance(raw, dict):
