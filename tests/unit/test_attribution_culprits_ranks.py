@@ -52,8 +52,10 @@ def test_a_rank_prefix_maps_to_its_node_through_the_layout() -> None:
 
 
 def test_horovod_stall_names_every_missing_rank(tmp_path: Path) -> None:
+    # A warning a run that goes on prints too (benign g-808): it names the ranks, the
+    # failure's cause is told elsewhere.
     diagnosis = _diagnose(tmp_path, HOROVOD_STALL)
-    assert diagnosis.category is Category.HANG
+    assert diagnosis.category is Category.UNKNOWN
     assert diagnosis.culprit_ranks == [3, 6]
     assert diagnosis.culprit_nodes == []
 

@@ -359,3 +359,34 @@ def test_rays_actor_dead_because_its_worker_died(tmp_path: Path) -> None:
 def test_the_models_and_configs_own_errors_stop(tmp_path: Path, line: str) -> None:
     diagnosis = diagnose(tmp_path, [line])
     assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+
+
+def test_a_horovod_stall_warning_alone_is_not_a_failure(tmp_path: Path) -> None:
+    # benign/g-808.log: rank 0 lagged for a minute and the fine-tune ran to the end.
+    lines = [
+        "[1,0]<stderr>:[2021-11-20 04:52:04.885367: W horovod/common/stall_inspector.cc:105] "
+        "One or more tensors were submitted to be reduced, gathered or broadcasted by subset "
+        "of ranks and are waiting for remainder of ranks for more than 60 seconds.",
+        "[1,0]<stderr>:Stalled ranks:",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+
+
+def test_a_horovod_stall_supports_the_failure_found_elsewhere(tmp_path: Path) -> None:
+    lines = [
+        "WARNING: One or more tensors were submitted to be reduced, gathered or broadcasted by "
+        "subset of ranks and are waiting for remainder of ranks for more than 60 seconds.",
+        "HorovodAllreduce_grads_0 [missing ranks: 3]",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "cuda.illegal_address"
+    assert "horovod.stalled_ranks" in diagnosis.rule_ids
+
+
+def test_kubernetes_oomkilled_in_a_platforms_own_words(tmp_path: Path) -> None:
+    # tune/g-819.log: OpenPAI quotes the pod's termination reason in lower case.
+    line = 'Pod failed: PodPattern matched: containers: - name: app reason: OOMKilled message: "'
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
