@@ -390,3 +390,24 @@ def test_kubernetes_oomkilled_in_a_platforms_own_words(tmp_path: Path) -> None:
     line = 'Pod failed: PodPattern matched: containers: - name: app reason: OOMKilled message: "'
     diagnosis = diagnose(tmp_path, [line])
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+
+
+def test_gdb_attached_to_a_rank_stuck_in_the_cuda_runtime_is_a_hang(tmp_path: Path) -> None:
+    # tune/g-811.log: the one rank not waiting in cudaDeviceSynchronize.
+    lines = [
+        "#0  0x000014cd955ebdbc in ?? () from /lib64/libcuda.so.1",
+        "#1  0x000014cd953608b6 in ?? () from /lib64/libcuda.so.1",
+        "#14 0x000014cdd8a6cf36 in cudaMemcpyAsync () from "
+        "/g/data/z00/yxs900/installation/cuda/11.3.0/lib64/libcudart.so.11.0",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids == ["hang.stack_dump_in_collective"]
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+
+
+def test_a_crashs_backtrace_in_nccl_is_the_crash(tmp_path: Path) -> None:
+    lines = [
+        'Thread 1 "python" received signal SIGSEGV, Segmentation fault.',
+        "#0  0x00007f67471b224b in ?? () from /lib/x86_64-linux-gnu/libnccl.so.2",
+    ]
+    assert diagnose(tmp_path, lines).rule_ids[0] == "proc.segfault"
