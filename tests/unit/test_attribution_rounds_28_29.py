@@ -411,3 +411,29 @@ def test_a_crashs_backtrace_in_nccl_is_the_crash(tmp_path: Path) -> None:
         "#0  0x00007f67471b224b in ?? () from /lib/x86_64-linux-gnu/libnccl.so.2",
     ]
     assert diagnose(tmp_path, lines).rule_ids[0] == "proc.segfault"
+
+
+def test_ncclss_socket_of_a_family_the_interface_lacks_is_set_up(tmp_path: Path) -> None:
+    # tune/g-850.log
+    line = (
+        "[1,4]<stdout>:gpu7:4105:4372 [0] include/socket.h:318 NCCL WARN Net : Socket "
+        "creation failed : Address family not supported by protocol"
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["nccl.socket_connect_failed"]
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.ESCALATE)
+
+
+def test_a_distributed_checkpoint_without_its_metadata_is_the_checkpoints(
+    tmp_path: Path,
+) -> None:
+    # tune/g-870.log
+    lines = [
+        "Traceback (most recent call last): (RANK 0)",
+        '  File ".../torch/distributed/checkpoint/filesystem.py", line 511, in read_metadata',
+        '    with (self.path / ".metadata").open("rb") as metadata_file:',
+        "FileNotFoundError: [Errno 2] No such file or directory: "
+        "'completed-model/checkpoint-600/pytorch_model_0/.metadata'",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (Category.CHECKPOINT, Action.STOP)
