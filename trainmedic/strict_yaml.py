@@ -16,11 +16,25 @@ class UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's SafeLoader (no Python objects), refusing repeated mapping keys."""
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _mapping_without_repeats(loader: UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # "<<: *defaults" merges another mapping; construct_mapping does it
         key = loader.construct_object(key_node)
-        if key in seen:
+        try:
+            repeated = key in seen
+        except TypeError:  # a list or a mapping as a key: PyYAML's own error, with a line
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping",
+                node.start_mark,
+                "found an unhashable key",
+                key_node.start_mark,
+            ) from None
+        if repeated:
             raise yaml.constructor.ConstructorError(
                 "while reading a mapping",
                 node.start_mark,

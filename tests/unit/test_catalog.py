@@ -137,6 +137,16 @@ def test_a_key_given_twice_in_a_rule_fails_at_load() -> None:
         parse_files(texts)
 
 
+def test_the_catalog_loader_still_reads_yaml_merge_keys() -> None:
+    # The repeated-key check must not trip over "<<:", which construct_mapping merges.
+    import yaml
+
+    from trainmedic.strict_yaml import UniqueKeyLoader
+
+    text = "base: &b {x: 1}\nother:\n  <<: *b\n  y: 2\n"
+    assert yaml.load(text, Loader=UniqueKeyLoader)["other"] == {"x": 1, "y": 2}
+
+
 def test_version_disagreement_and_bad_regex_fail() -> None:
     texts = _texts()
     texts["zz.yaml"] = 'version: "0.0.0"\nrules: []\n'

@@ -71,6 +71,7 @@ def test_bad_policy_names_every_offending_key() -> None:
         ("rails: 5", "rails"),
         # The later of two keys would win silently: here, autonomy over monitoring.
         ("mode:\n  default: monitor\n  default: auto\n", "line 3.*'default' given twice"),
+        ("? [a, b]\n: 1\n", "line 1.*unhashable key"),
     ],
 )
 def test_malformed_policy_files(text: str, fragment: str) -> None:
