@@ -219,7 +219,7 @@ def _caught_in_worker(exception: str, message: str, prefix: str = "") -> list[st
     [
         ("KeyError", "'image'"),
         ("FileNotFoundError", "[Errno 2] No such file or directory: '/data/img/000197.jpg'"),
-        ("RuntimeError", "stack expects each tensor to be equal size, but got [3, 224, 224]"),
+        ("IndexError", "list index out of range"),
     ],
 )
 def test_an_exception_in_a_dataloader_worker_is_the_datas_and_stops(
@@ -238,6 +238,30 @@ def test_a_dataloader_workers_exception_names_the_rank(tmp_path: Path) -> None:
 def test_a_worker_error_that_a_rule_knows_decides(tmp_path: Path) -> None:
     lines = _caught_in_worker("OSError", "image file is truncated (5 bytes not processed)")
     assert diagnose(tmp_path, lines).rule_ids[0] == "dataloader.unreadable_sample"
+
+
+@pytest.mark.parametrize(
+    ("exception", "message"),
+    [
+        ("OSError", "[Errno 110] Connection timed out"),
+        ("huggingface_hub.errors.HfHubHTTPError", "429 Client Error: Too Many Requests for url"),
+        ("RuntimeError", "object store returned HTTP 503 Slow Down for shard-00042.tar"),
+    ],
+)
+def test_a_worker_error_that_may_pass_on_a_retry_does_not_stop(
+    tmp_path: Path, exception: str, message: str
+) -> None:
+    # Review 24: a worker streaming from a hub, a file system or an object store.
+    lines = _caught_in_worker(exception, message)
+    lines[0] = f"{exception}: Caught {exception.rsplit('.', 1)[-1]} in DataLoader worker process 0."
+    diagnosis = diagnose(tmp_path, lines)
+    assert "dataloader.worker_exception" not in diagnosis.rule_ids
+    assert diagnosis.action is not Action.STOP
+
+
+def test_a_streaming_datasets_own_error_decides_in_a_worker(tmp_path: Path) -> None:
+    lines = _caught_in_worker("ValueError", "Reused local directory: ['/nvme/c4'] vs ['/nvme/c4']")
+    assert diagnose(tmp_path, lines).rule_ids[0] == "dataloader.streaming_cache_conflict"
 
 
 def test_a_worker_streaming_its_data_over_a_lost_connection_is_not_the_datas(
@@ -299,6 +323,40 @@ def test_an_mpi_call_before_mpi_init_is_the_programs_and_stops(tmp_path: Path) -
     assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
 
 
+def test_an_mpi_call_after_finalize_is_teardown_noise_not_the_cause(tmp_path: Path) -> None:
+    # Review 24: a crashed program tears down out of order and prints it after its error.
+    lines = [
+        "[E ProcessGroupNCCL.cpp:458] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800100 "
+        "milliseconds before timing out.",
+        "*** The MPI_Comm_free() function was called after MPI_FINALIZE was invoked.",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert "mpi.called_outside_init" not in diagnosis.rule_ids
+    assert diagnosis.action is Action.RESTART
+
+
+def test_a_launchers_label_in_front_of_the_cuda_runtimes_error_string(tmp_path: Path) -> None:
+    lines = ["0: [CUDA ERROR] at file train_gpt2.cu:1041:", "0: out of memory"]
+    assert diagnose(tmp_path, lines).rule_ids == ["oom.gpu_runtime"]
+
+
+def test_gdb_frames_of_cpp_functions_with_their_signatures(tmp_path: Path) -> None:
+    line = (
+        "#4  0x00007f67471b31e1 in ncclTransportP2pSetup(ncclComm*, ncclTopoGraph*, int, "
+        "int*) () from /usr/lib/x86_64-linux-gnu/libnccl.so.2"
+    )
+    assert diagnose(tmp_path, [line]).rule_ids == ["hang.stack_dump_in_collective"]
+
+
+def test_a_crash_handlers_bracketed_host_keeps_its_underscore(tmp_path: Path) -> None:
+    line = (
+        "[gpu_node01:12345:0] Caught signal 11 (Segmentation fault: address not mapped to "
+        "object at address 0x8)"
+    )
+    assert diagnose(tmp_path, [line]).culprit_nodes == ["gpu_node01"]
+
+
 def test_a_streaming_datasets_reused_directory_wrapped_after_vs(tmp_path: Path) -> None:
     # tune/g-779.log
     lines = [
@@ -312,7 +370,9 @@ def test_a_streaming_datasets_reused_directory_wrapped_after_vs(tmp_path: Path) 
 # own errors) arrived.
 
 
-def test_glooss_monitored_barrier_names_the_rank_that_never_answered(tmp_path: Path) -> None:
+def test_glooss_monitored_barrier_on_the_other_ranks_names_no_one(tmp_path: Path) -> None:
+    # Rank 0 runs the barrier; it stops answering when it failed over another rank
+    # (review 24), so the line blames no one.
     line = (
         "[E ProcessGroupGloo.cpp:138] Rank 1 successfully reached monitoredBarrier, but "
         "received errors while waiting for send/recv from rank 0. Please check rank 0 logs "
@@ -320,7 +380,9 @@ def test_glooss_monitored_barrier_names_the_rank_that_never_answered(tmp_path: P
     )
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids == ["torch.monitored_barrier_failed"]
-    assert diagnosis.culprit_ranks == [0]
+    assert diagnosis.culprit_ranks == []
+    other = "RuntimeError: Rank 3 failed to pass monitoredBarrier in 1800000 ms"
+    assert diagnose(tmp_path, [other, line]).culprit_ranks == [3]
 
 
 def test_a_launchers_child_killed_by_sigkill_in_numbers(tmp_path: Path) -> None:

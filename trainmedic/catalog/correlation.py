@@ -178,7 +178,8 @@ class Topology:
         """The name in a bare "name: " prefix: a host that pdsh or a launcher put there, or
         a program naming itself (glibc's assert: "train_gpt2cu: llmc/dataloader.h:186:
         ..."). Host names have no underscore (RFC 1123) and program names often do, so
-        without the job's node list to check against, one with an underscore is a program."""
+        without the job's node list to check against, one with an underscore is a program.
+        (A crash handler's "[host:pid:tid]" is always a host: plausible_host reads it.)"""
         if not self.known and "_" in name:
             return None
         return self.plausible_host(name)
@@ -219,7 +220,11 @@ def parse_line(line: str, topo: Topology) -> LineContext:
         elif (m := _SLURMSTEPD.match(rest)) or (m := _RAY.match(rest)):
             ctx.node = topo.plausible_host(m.group(1)) or ctx.node
         elif (m := _HOST_PREFIX.match(rest)) and (
-            host := topo.plausible_prefix_host(m.group(1) or m.group(2))
+            host := (
+                topo.plausible_prefix_host(m.group(1))
+                if m.group(1)
+                else topo.plausible_host(m.group(2))
+            )
         ):
             ctx.node = host
         elif (m := _TIMESTAMP.match(rest)) and not _SYSLOG.match(rest):
