@@ -25,9 +25,12 @@ CAPTURE_GROUPS = frozenset({"rank", "ranks", "host", "seq", "xid", "pci"})
 
 # `{line_start}` in a pattern: the start of the line, behind up to three labels that
 # launchers put in front of what the program printed (srun's "12: ", PyTorch's
-# "[rank3]: ", a host's "gpu07: "). For errors that count only as raised, not where a
-# warning or a retry merely mentions them.
-LINE_START = r"^\s*(?:(?:\[\w+\]: ?|\d{1,6}: |[A-Za-z][\w.-]*\d[\w.-]*: )\s*){0,3}"
+# "[rank3]: ", a host's "gpu07: ", Open MPI's "[1,3]<stderr>:" with --tag-output). For
+# errors that count only as raised, not where a warning or a retry merely mentions them.
+LINE_START = (
+    r"^\s*(?:(?:\[\w+\]: ?|\d{1,6}: |[A-Za-z][\w.-]*\d[\w.-]*: |\[\d+,\d+\]<std(?:out|err)>: ?)"
+    r"\s*){0,3}"
+)
 # `{launched_command}`: the command a subprocess.CalledProcessError quotes, where it runs
 # Python or a launcher ("'['/usr/bin/python', 'train.py']'", "'torchrun ..."): a launcher's
 # summary of its child, not a program's own subprocess.
