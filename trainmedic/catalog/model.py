@@ -37,8 +37,18 @@ LINE_START = (
 LAUNCHED_COMMAND = (
     r"'\[?'?(?:[^'\s,]*/)?(?:python[\d.]*|torchrun|accelerate|deepspeed|mpirun|srun)\b"
 )
+# `{lightning_child_exit}`: Lightning's launcher reporting a child's exit, under the dead
+# child's "[rank: N]"; the rule that reads it writes the code it is about after it
+# ("-9\.": SIGKILL).
+LIGHTNING_CHILD_EXIT = (
+    r"(?:\[rank: (?P<rank>\d+)\] )?Child process with PID \d+ terminated with code "
+)
 # What the catalog's patterns may name instead of writing the same regex again.
-PLACEHOLDERS = {"{line_start}": LINE_START, "{launched_command}": LAUNCHED_COMMAND}
+PLACEHOLDERS = {
+    "{line_start}": LINE_START,
+    "{launched_command}": LAUNCHED_COMMAND,
+    "{lightning_child_exit}": LIGHTNING_CHILD_EXIT,
+}
 
 
 class Pattern(BaseModel):
