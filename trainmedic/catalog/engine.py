@@ -61,6 +61,10 @@ _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
 # below a program's error it comes when the job hung after that error.
 _TIME_LIMIT = "slurm.time_limit"
 _HUNG_AFTER_ERROR_LINES = 12
+# Context rules that tell an uncaught error (its traceback's header) and a teardown
+# (a process told to stop) apart near the time limit's line.
+_TRACEBACK_HEADER = "python.traceback_header"
+_SIGTERM = "proc.sigterm_received"
 # faulthandler's header before it prints every thread's stack of a dying process
 # ("Fatal Python error: Aborted"); a dump under it shows where the process was when it
 # crashed (tune g-269: the watchdog's abort after a timeout), not a hung job's.
@@ -641,11 +645,11 @@ def _error_before_time_limit(roots: list[Finding], findings: list[Finding]) -> F
             or not 0 < line - f.order[1] <= _HUNG_AFTER_ERROR_LINES
         ):
             continue
-        header = _context_above(f, findings, "python.traceback_header")
+        header = _context_above(f, findings, _TRACEBACK_HEADER)
         if header is None:
             continue
         teardown = any(
-            s.rule.id == "proc.sigterm_received"
+            s.rule.id == _SIGTERM
             and s.order[0] == file
             and header.order[1] - _TRACEBACK_LINES <= s.order[1] < header.order[1]
             for s in findings
