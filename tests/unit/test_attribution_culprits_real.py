@@ -177,6 +177,7 @@ def test_generic_rules_are_the_exception_type_ones() -> None:
     generic = sorted(r.id for r in load_catalog().rules if r.generic)
     assert generic == [
         "python.exception_other",
+        "python.runtime_error_environment",
         "python.runtime_error_other",
         "python.traceback_exception",
     ]

@@ -1,0 +1,53 @@
+"""Round 32 (session of 2026-12-03): decisions that the tune split's misses asked for.
+
+Lines quoted from a tune case name it; the others follow the tools' own formats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.attribution_support import diagnose
+from trainmedic.domain import Action, Category
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[rank1]: RuntimeError: Invalid mt19937 state",  # tune g-136
+        "[rank0]: RuntimeError: FlashAttention only supports Ampere GPUs or newer.",  # g-443
+        "RuntimeError: attn_softmax_inplace_forward_ not implemented on CPU",  # tune g-642
+    ],
+)
+def test_a_programs_own_runtime_error_stops_the_chain(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["python.runtime_error_other"]
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+    assert diagnosis.transient is False
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: cublas runtime error : resource allocation failed at "
+        "/pytorch/aten/src/THC/THCGeneral.cpp:250",
+        "RuntimeError: Unable to find a valid cuDNN algorithm to run convolution",
+        "RuntimeError: Stop_waiting response is expected",
+        "RuntimeError: Broken pipe",
+        "RuntimeError: Caught an unknown exception!",
+        # tune g-208: Open MPI's error class, the transport under the program.
+        "RuntimeError: Runtime error: MPI_ERR_OTHER: known error not in list",
+    ],
+)
+def test_a_runtime_error_naming_the_machine_is_for_a_person(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["python.runtime_error_environment"]
+    assert diagnosis.action is Action.ESCALATE
+    assert diagnosis.transient is None
+
+
+def test_a_rule_that_knows_the_runtime_error_still_decides(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, ["RuntimeError: Socket Timeout"])
+    assert diagnosis.rule_ids == ["torch.store_timeout"]
