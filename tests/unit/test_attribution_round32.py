@@ -51,3 +51,25 @@ def test_a_runtime_error_naming_the_machine_is_for_a_person(tmp_path: Path, line
 def test_a_rule_that_knows_the_runtime_error_still_decides(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, ["RuntimeError: Socket Timeout"])
     assert diagnosis.rule_ids == ["torch.store_timeout"]
+
+
+KILLED = (
+    "[2024-01-31 10:37:53,968] torch.distributed.elastic.multiprocessing.api: [ERROR] failed "
+    "(exitcode: -9) local_rank: 3 (pid: 25705) of binary: /usr/bin/python"
+)
+
+
+def test_a_sigkill_that_cuts_the_models_loading_short_is_host_memory(tmp_path: Path) -> None:
+    # The shape of tune g-075: the bar stopped at 71%, the launcher reports the kill.
+    bar = "Loading checkpoint shards:  71%|███████▊   | 15/21 [01:02<00:25,  4.16s/it]"
+    diagnosis = diagnose(tmp_path, [bar, KILLED])
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+    assert diagnosis.transient is False
+    assert "loading the model's checkpoint shards" in diagnosis.summary
+
+
+def test_a_sigkill_after_the_model_loaded_stays_for_a_person(tmp_path: Path) -> None:
+    # tune g-135: every shard loaded, then the kill; the bar says nothing of the phase.
+    bar = "Loading checkpoint shards: 100%|██████████| 61/61 [05:45<00:00,  5.66s/it]"
+    diagnosis = diagnose(tmp_path, [bar, KILLED])
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.ESCALATE)
