@@ -73,3 +73,30 @@ def test_a_sigkill_after_the_model_loaded_stays_for_a_person(tmp_path: Path) -> 
     bar = "Loading checkpoint shards: 100%|██████████| 61/61 [05:45<00:00,  5.66s/it]"
     diagnosis = diagnose(tmp_path, [bar, KILLED])
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.ESCALATE)
+
+
+def test_slurms_memory_limit_kill_says_where_by_the_jobs_cancel_line(tmp_path: Path) -> None:
+    # The shape of tune g-387: the limit line names the job, the cancel line its node.
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), "
+            "being killed",
+            "slurmstepd: error: Exceeded job memory limit",
+            "slurmstepd: error: *** JOB 7518 ON xantipa CANCELLED AT 2022-06-10T17:11:35 ***",
+        ],
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+    assert diagnosis.culprit_nodes == ["xantipa"]
+
+
+def test_another_jobs_cancel_line_names_no_node(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), "
+            "being killed",
+            "slurmstepd: error: *** JOB 9911 ON other01 CANCELLED AT 2022-06-10T17:11:35 ***",
+        ],
+    )
+    assert diagnosis.culprit_nodes == []

@@ -87,6 +87,12 @@ _SHORT_TIMEOUT_MS = 300_000
 # and 96117, a model-parallel and a data-parallel group): they cannot be compared.
 _MAX_STEP_SPREAD = 64
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
+# A line that names the Slurm job it is about ("Job 42664148 exceeded memory limit"), and
+# slurmstepd's line that ends that job on a node ("*** JOB 42664148 ON cn3152 CANCELLED").
+_JOB_ID = re.compile(r"\bJob (\d+)\b")
+_CANCELLED_ON = re.compile(
+    r"\*\*\* (?:JOB|STEP) (\d+)(?:\.\S+)? ON ([A-Za-z0-9][\w.-]*) CANCELLED AT "
+)
 # The collective a watchdog line reports: "WorkNCCL(SeqNum=2109, OpType=_ALLGATHER_BASE,
 # NumelIn=262711296, ...". Point-to-point operations count in a counter of their own
 # (PyTorch 2.4+) and all-to-all's sizes differ by design: only these are compared.
@@ -479,7 +485,7 @@ class Attributor:
             # happened. Only these name a node that is not at fault (a restart is verified
             # away from its culprits), and only a node the text writes down, never one
             # inferred from a rank; neither drains nor excludes anything.
-            nodes = _where(same, col)
+            nodes = _where(same, col) or _cancelled_on(primary, findings)
         if nodes and action not in _ISOLATING and action not in _SAYS_WHERE:
             nodes = []
         # Several independent root categories on different nodes: less sure.
@@ -675,6 +681,20 @@ def _where(findings: list[Finding], col: _Collector) -> list[str]:
     """Nodes these lines name (not inferred from ranks), else the failure summary's host."""
     nodes = list(dict.fromkeys(f.evidence.node for f in findings if f.evidence.node and f.named))
     return nodes or col.hosts()
+
+
+def _cancelled_on(primary: Finding, findings: list[Finding]) -> list[str]:
+    """The node on which slurmstepd cancelled the job that the winning line names by id
+    (tune g-060, g-387: "Job 7518 exceeded memory limit", then "*** JOB 7518 ON xantipa
+    CANCELLED AT ..."): where it happened, for a diagnosis that only says where."""
+    if not (job := _JOB_ID.search(primary.evidence.text)):
+        return []
+    nodes = [
+        hit.group(2)
+        for f in findings
+        if (hit := _CANCELLED_ON.search(f.evidence.text)) and hit.group(1) == job.group(1)
+    ]
+    return list(dict.fromkeys(nodes))
 
 
 def _neighbour_rank(finding: Finding, findings: list[Finding]) -> int | None:
