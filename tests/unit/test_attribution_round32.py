@@ -100,3 +100,46 @@ def test_another_jobs_cancel_line_names_no_node(tmp_path: Path) -> None:
         ],
     )
     assert diagnosis.culprit_nodes == []
+
+
+def test_a_launcher_sent_sighup_restarts(tmp_path: Path) -> None:
+    # The shape of tune g-891: mid-epoch, the agent gets signal 1 and tears the workers down.
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            " 12%|█▏        | 2905/25120 [2:12:37<17:37:09,  2.86s/it]",
+            "WARNING:torch.distributed.elastic.agent.server.api:Received 1 death signal, "
+            "shutting down workers",
+            "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 2919043 "
+            "closing signal SIGHUP",
+        ],
+    )
+    assert diagnosis.rule_ids[0] == "proc.launcher_hangup"
+    assert (diagnosis.action, diagnosis.transient) == (Action.RESTART, True)
+
+
+def test_the_jobs_own_error_outranks_the_hangup(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "[rank0]: ValueError: Input sequence length 8192 exceeds max_position_embeddings 4096",
+            "WARNING:torch.distributed.elastic.agent.server.api:Received 1 death signal, "
+            "shutting down workers",
+        ],
+    )
+    assert diagnosis.action is Action.STOP
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["Killed", "/var/spool/slurmd/job9/slurm_script: line 20: 4410 Killed    python train.py"],
+)
+def test_the_shells_killed_is_a_sigkill(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, ["Epoch 0:   0%|          | 0/1250", line])
+    assert diagnosis.rule_ids == ["proc.sigkill"]
+    assert diagnosis.category is Category.OOM_HOST
+
+
+def test_a_step_torn_down_by_srun_is_not_a_sigkill(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, ["srun: error: gpu03: task 24: Killed"])
+    assert "proc.sigkill" not in diagnosis.rule_ids
