@@ -191,4 +191,7 @@ def test_tunes_accepted_dangerous_cases_are_the_reviewed_ones() -> None:
         # rests on the reporter's finding that one kind of sample makes it hang
         "g-803.log",  # one rank's watchdog dump with work pending; the label rests on the
         # reporter's finding that it hangs whenever synchronised batch norm is on
+        "g-942.log",  # Gloo's connection closed or reset by peers inside hvd.init on
+        # several ranks; the label rests on the thread's finding that the multi-host set-up
+        # fails this way every time, which no line says
     }
