@@ -143,3 +143,14 @@ def test_the_shells_killed_is_a_sigkill(tmp_path: Path, line: str) -> None:
 def test_a_step_torn_down_by_srun_is_not_a_sigkill(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, ["srun: error: gpu03: task 24: Killed"])
     assert "proc.sigkill" not in diagnosis.rule_ids
+
+
+def test_tensorflows_failed_device_allocation_is_gpu_memory(tmp_path: Path) -> None:
+    # tune g-944: TensorFlow's stream executor names the driver's error code.
+    line = (
+        "E tensorflow/stream_executor/cuda/cuda_driver.cc:806] failed to allocate 512.00M "
+        "(536870912 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+    )
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["oom.gpu_runtime"]
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.ESCALATE)
