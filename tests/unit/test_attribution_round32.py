@@ -65,7 +65,7 @@ def test_a_sigkill_that_cuts_the_models_loading_short_is_host_memory(tmp_path: P
     diagnosis = diagnose(tmp_path, [bar, KILLED])
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
     assert diagnosis.transient is False
-    assert "loading the model's checkpoint shards" in diagnosis.summary
+    assert "peak of host memory" in diagnosis.summary
 
 
 def test_a_sigkill_after_the_model_loaded_stays_for_a_person(tmp_path: Path) -> None:
@@ -154,3 +154,23 @@ def test_tensorflows_failed_device_allocation_is_gpu_memory(tmp_path: Path) -> N
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids == ["oom.gpu_runtime"]
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.ESCALATE)
+
+
+def test_a_sigkill_right_below_deepspeeds_memory_report_is_host_memory(tmp_path: Path) -> None:
+    # The shape of tune g-971: ZeRO sets up the optimizer's states in host memory.
+    report = (
+        "[2023-11-08 23:16:02,795] [INFO] [utils.py:810:see_memory_usage] CPU Virtual Memory:  "
+        "used = 355.68 GB, percent = 17.6%"
+    )
+    diagnosis = diagnose(tmp_path, [report, KILLED])
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+
+
+def test_a_memory_report_long_before_the_kill_says_nothing_of_it(tmp_path: Path) -> None:
+    report = (
+        "[2023-11-08 23:16:02,795] [INFO] [utils.py:810:see_memory_usage] CPU Virtual Memory:  "
+        "used = 355.68 GB, percent = 17.6%"
+    )
+    steps = [f"iteration {i} | lm loss 2.31" for i in range(20)]
+    diagnosis = diagnose(tmp_path, [report, *steps, KILLED])
+    assert diagnosis.action is Action.ESCALATE

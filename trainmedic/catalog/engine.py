@@ -57,10 +57,11 @@ _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefi
 _ELASTIC_BLOCK_LINES = 12
 _TRACEBACK_LINES = 80  # how far above its exception a traceback's frame may sit
 _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
-# A SIGKILL with no message of its own, and the progress bar of a model's loading that it
-# cut short (the host-memory peak of a start-up).
+# A SIGKILL with no message of its own, and a start-up phase at its host-memory peak (a
+# model's loading cut short, DeepSpeed's memory report) at most a few lines above it.
 _SIGKILL = "proc.sigkill"
-_LOADING_SHARDS = "oom.host_loading_shards"
+_STARTUP_PEAK = "oom.host_startup_peak"
+_STARTUP_PEAK_LINES = 12  # a launcher's traceback may come between (tune g-824: 9 lines)
 # Slurm's line in the job's log that it ended the job at its time limit, and how close
 # below a program's error it comes when the job hung after that error.
 _TIME_LIMIT = "slurm.time_limit"
@@ -434,13 +435,14 @@ class Attributor:
             notes.append(frame.rule.title)
             others = [frame, *others]
         elif rule.id == _SIGKILL and (
-            loading := _context_above(primary, findings, _LOADING_SHARDS)
+            (peak := _context_above(primary, findings, _STARTUP_PEAK))
+            and primary.order[1] - peak.order[1] <= _STARTUP_PEAK_LINES
         ):
-            # Killed at the host-memory peak of loading the model: the OOM killer's
+            # Killed at a start-up phase's host-memory peak: the OOM killer's
             # signature with the phase that explains it; the same model peaks again.
             category, action, transient = Category.OOM_HOST, Action.STOP, False
-            notes.append(loading.rule.title)
-            others = [loading, *others]
+            notes.append(peak.rule.title)
+            others = [peak, *others]
         nodes: list[str] = []
         if rule.blames_node:
             for f in same:
