@@ -174,3 +174,16 @@ def test_a_memory_report_long_before_the_kill_says_nothing_of_it(tmp_path: Path)
     steps = [f"iteration {i} | lm loss 2.31" for i in range(20)]
     diagnosis = diagnose(tmp_path, [report, *steps, KILLED])
     assert diagnosis.action is Action.ESCALATE
+
+
+def test_a_cancel_line_naming_a_node_outside_the_job_names_no_one(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), "
+            "being killed",
+            "slurmstepd: error: *** JOB 7518 ON login01 CANCELLED AT 2022-06-10T17:11:35 ***",
+        ],
+        nodelist=["gpu01", "gpu02"],
+    )
+    assert diagnosis.culprit_nodes == []

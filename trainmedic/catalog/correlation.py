@@ -161,6 +161,16 @@ class Topology:
         index = task // self.tasks_per_node
         return self.nodelist[index] if index < len(self.nodelist) else None
 
+    def slurm_host(self, name: str) -> str | None:
+        """A name where Slurm's own message format puts a node ("*** JOB 7 ON xantipa
+        CANCELLED"): the place says it is a host, so a name without digits counts too;
+        still a valid node name, and one of the job's nodes when the node list is known."""
+        host = short_host(name)
+        host = self.addrs.get(host, host)
+        if not NODE_NAME.match(host):
+            return None
+        return host if not self.known or host in self.known else None
+
     def plausible_host(self, name: str) -> str | None:
         if _EXCEPTION_NAME.search(name):
             return None

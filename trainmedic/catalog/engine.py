@@ -487,7 +487,7 @@ class Attributor:
             # happened. Only these name a node that is not at fault (a restart is verified
             # away from its culprits), and only a node the text writes down, never one
             # inferred from a rank; neither drains nor excludes anything.
-            nodes = _where(same, col) or _cancelled_on(primary, findings)
+            nodes = _where(same, col) or _cancelled_on(primary, findings, topo)
         if nodes and action not in _ISOLATING and action not in _SAYS_WHERE:
             nodes = []
         # Several independent root categories on different nodes: less sure.
@@ -685,16 +685,18 @@ def _where(findings: list[Finding], col: _Collector) -> list[str]:
     return nodes or col.hosts()
 
 
-def _cancelled_on(primary: Finding, findings: list[Finding]) -> list[str]:
+def _cancelled_on(primary: Finding, findings: list[Finding], topo: Topology) -> list[str]:
     """The node on which slurmstepd cancelled the job that the winning line names by id
     (tune g-060, g-387: "Job 7518 exceeded memory limit", then "*** JOB 7518 ON xantipa
     CANCELLED AT ..."): where it happened, for a diagnosis that only says where."""
     if not (job := _JOB_ID.search(primary.evidence.text)):
         return []
     nodes = [
-        hit.group(2)
+        host
         for f in findings
-        if (hit := _CANCELLED_ON.search(f.evidence.text)) and hit.group(1) == job.group(1)
+        if (hit := _CANCELLED_ON.search(f.evidence.text))
+        and hit.group(1) == job.group(1)
+        and (host := topo.slurm_host(hit.group(2)))
     ]
     return list(dict.fromkeys(nodes))
 
