@@ -187,3 +187,16 @@ def test_a_cancel_line_naming_a_node_outside_the_job_names_no_one(tmp_path: Path
         nodelist=["gpu01", "gpu02"],
     )
     assert diagnosis.culprit_nodes == []
+
+
+def test_a_fabric_manager_down_on_no_named_node_is_for_a_person(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, ["RuntimeError: CUDA error: system not yet initialized"])
+    assert diagnosis.category is Category.NVLINK_FABRIC
+    assert diagnosis.action is Action.ESCALATE
+
+
+def test_a_fabric_manager_down_on_a_named_node_drains_it(tmp_path: Path) -> None:
+    line = "gpu07:2211:2211 [0] NCCL WARN Cuda failure 802 'system not yet initialized'"
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.action is Action.DRAIN_AND_RESTART
+    assert diagnosis.culprit_nodes == ["gpu07"]

@@ -480,7 +480,9 @@ class Attributor:
             elif not nodes and action in _ISOLATING:
                 notes.append("culprit node not identified")
                 confidence -= 0.15
-                if action is Action.RESTART_EXCLUDING:
+                if rule.without_culprit is not None:
+                    action = rule.without_culprit
+                elif action is Action.RESTART_EXCLUDING:
                     action = Action.RESTART  # excluding nobody is a plain restart
         elif action in _SAYS_WHERE:
             # A person looks, or the owner reads why the job stopped: say where it

@@ -128,6 +128,11 @@ class Rule(BaseModel):
     # launcher's "local_rank: 0 failed" names the rank whose traceback sits above it and
     # lends it to those lines; a lost peer's rank is that line's own, and lent to none.
     names_lost_peer: bool = False
+    # What an isolating rule does when the text names no node: None keeps its action (a
+    # GPU's hardware fault is that one node's, and a requeue most likely lands elsewhere);
+    # a node's set-up that every node may share (the fabric manager after a driver
+    # upgrade) goes to a person instead.
+    without_culprit: Action | None = None
     description: str = ""
     patterns: list[Pattern] = Field(min_length=1)
     examples: list[str] = Field(min_length=1)
