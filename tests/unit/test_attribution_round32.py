@@ -200,3 +200,24 @@ def test_a_fabric_manager_down_on_a_named_node_drains_it(tmp_path: Path) -> None
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.action is Action.DRAIN_AND_RESTART
     assert diagnosis.culprit_nodes == ["gpu07"]
+
+
+REM_ALLOCATOR = [
+    "696b7901f904:39:298 [0] include/socket.h:423 NCCL WARN Net : Connection closed by remote "
+    "peer 10.0.0.4<52638>",
+    "696b7901f904:39:298 [0] bootstrap.cc:279 NCCL WARN [Rem Allocator] Allocation failed "
+    "(segment 0, fd 130)",
+    "696b7901f904:39:298 [0] include/alloc.h:48 NCCL WARN Cuda failure 'out of memory'",
+]
+
+
+def test_nccls_remote_allocation_thread_raises_no_failure(tmp_path: Path) -> None:
+    # The shape of benign g-981: the service thread's warnings, and training goes on.
+    diagnosis = diagnose(tmp_path, [*REM_ALLOCATOR, "Train Epoch: 1 [0/246000 (0%)]"])
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+
+
+def test_another_thread_of_the_same_process_still_fails_the_job(tmp_path: Path) -> None:
+    own = "696b7901f904:39:39 [0] include/alloc.h:48 NCCL WARN Cuda failure 'out of memory'"
+    diagnosis = diagnose(tmp_path, [*REM_ALLOCATOR, own])
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.STOP)

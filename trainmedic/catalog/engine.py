@@ -88,6 +88,10 @@ _SHORT_TIMEOUT_MS = 300_000
 # and 96117, a model-parallel and a data-parallel group): they cannot be compared.
 _MAX_STEP_SPREAD = 64
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
+# NCCL's line prefix, host:pid:tid [gpu], and the rule that marks its bootstrap's
+# remote-allocation service thread.
+_NCCL_THREAD = re.compile(r"([A-Za-z0-9][\w.-]{0,62}:\d+:\d+) \[\d{1,3}\] ")
+_REM_ALLOCATOR = "nccl.rem_allocator_service"
 # A line that names the Slurm job it is about ("Job 42664148 exceeded memory limit"), and
 # slurmstepd's line that ends that job on a node ("*** JOB 42664148 ON cn3152 CANCELLED").
 _JOB_ID = re.compile(r"\bJob (\d+)\b")
@@ -377,11 +381,14 @@ class Attributor:
 
     def decide(self, col: _Collector, topo: Topology, request: AttributionRequest) -> Diagnosis:
         findings = col.all()
-        crash_stacks = [f for f in findings if _in_crash_dump(f, col.dump_headers)]
-        demoted = {id(f) for f in crash_stacks}
+        # Lines read as symptoms whatever their rule: a dying process's stack dump, and
+        # NCCL's service thread answering a peer.
+        symptoms = [f for f in findings if _in_crash_dump(f, col.dump_headers)]
+        symptoms += _of_service_threads(findings)
+        demoted = {id(f) for f in symptoms}
         roots = [f for f in findings if f.rule.role is Role.ROOT and id(f) not in demoted]
-        cascades = [f for f in findings if f.rule.role is Role.CASCADE]
-        confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION] + crash_stacks
+        cascades = [f for f in findings if f.rule.role is Role.CASCADE and id(f) not in demoted]
+        confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION] + symptoms
         if roots:
             return self._from_roots(col, topo, roots, cascades + confirms)
         if cascades:
@@ -746,6 +753,27 @@ def _context_above(primary: Finding, findings: list[Finding], *rule_ids: str) ->
         for f in findings
     )
     return None if ended else nearest
+
+
+def _nccl_thread(text: str) -> str | None:
+    """The host:pid:tid of NCCL's prefix on a line, if it has one."""
+    return hit.group(1) if (hit := _NCCL_THREAD.search(text)) else None
+
+
+def _of_service_threads(findings: list[Finding]) -> list[Finding]:
+    """Root and cascade lines that NCCL's remote-allocation service thread logged (the
+    same host:pid:tid as its "[Rem Allocator]" line): a peer's request failing here, a
+    symptom, not this rank's own failure (benign g-981)."""
+    threads = {
+        t for f in findings if f.rule.id == _REM_ALLOCATOR and (t := _nccl_thread(f.evidence.text))
+    }
+    if not threads:
+        return []
+    return [
+        f
+        for f in findings
+        if f.rule.role in (Role.ROOT, Role.CASCADE) and _nccl_thread(f.evidence.text) in threads
+    ]
 
 
 def _in_crash_dump(finding: Finding, headers: list[tuple[int, int, bool]]) -> bool:
