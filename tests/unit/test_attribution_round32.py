@@ -221,3 +221,37 @@ def test_another_thread_of_the_same_process_still_fails_the_job(tmp_path: Path) 
     own = "696b7901f904:39:39 [0] include/alloc.h:48 NCCL WARN Cuda failure 'out of memory'"
     diagnosis = diagnose(tmp_path, [*REM_ALLOCATOR, own])
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.STOP)
+
+
+EXITING = (
+    "[rank0]:[W724 19:26:06.079439421 ProcessGroupNCCL.cpp:1479] Warning: WARNING: "
+    "destroy_process_group() was not called before program exit, which can leak resources."
+)
+STORE_LOST = (
+    "[rank1]:[W724 19:26:07.130163445 TCPStore.cpp:125] [c10d] recvValue failed on "
+    "SocketImpl(fd=30, addr=[::ffff:127.0.0.1]:54736, remote=[::ffff:127.0.0.1]:8738): "
+    "failed to recv, got 0 bytes"
+)
+
+
+def test_peers_that_lose_a_rank_which_exited_stop(tmp_path: Path) -> None:
+    # The shape of tune g-913: rank 0 leaves, rank 1's store read gets nothing.
+    diagnosis = diagnose(tmp_path, [EXITING, STORE_LOST])
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
+    assert diagnosis.rule_ids[0] == "torch.exited_without_destroy"
+
+
+def test_a_finished_job_that_says_so_raises_nothing(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, [EXITING, EXITING.replace("rank0", "rank1")])
+    assert (diagnosis.category, diagnosis.action) == (Category.UNKNOWN, Action.ESCALATE)
+
+
+def test_a_failure_before_the_exit_is_read_as_usual(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, [STORE_LOST, EXITING])
+    assert diagnosis.action is not Action.STOP
+
+
+def test_an_error_of_its_own_after_the_exit_still_decides(tmp_path: Path) -> None:
+    ecc = "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    diagnosis = diagnose(tmp_path, [EXITING, ecc])
+    assert diagnosis.category is Category.GPU_MEMORY_ECC

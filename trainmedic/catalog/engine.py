@@ -92,6 +92,9 @@ _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 # remote-allocation service thread.
 _NCCL_THREAD = re.compile(r"([A-Za-z0-9][\w.-]{0,62}:\d+:\d+) \[\d{1,3}\] ")
 _REM_ALLOCATOR = "nccl.rem_allocator_service"
+_EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
+# What a rank's peers see when it is gone: a stall, a collective or a store that fails.
+_PEERS_VIEW = frozenset({Category.HANG, Category.NETWORK_NCCL})
 # A line that names the Slurm job it is about ("Job 42664148 exceeded memory limit"), and
 # slurmstepd's line that ends that job on a node ("*** JOB 42664148 ON cn3152 CANCELLED").
 _JOB_ID = re.compile(r"\bJob (\d+)\b")
@@ -389,6 +392,8 @@ class Attributor:
         roots = [f for f in findings if f.rule.role is Role.ROOT and id(f) not in demoted]
         cascades = [f for f in findings if f.rule.role is Role.CASCADE and id(f) not in demoted]
         confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION] + symptoms
+        if teardown := self._after_a_rank_exited(col, findings, roots + cascades + confirms):
+            return teardown
         if roots:
             return self._from_roots(col, topo, roots, cascades + confirms)
         if cascades:
@@ -605,6 +610,39 @@ class Attributor:
             rule_ids=list(dict.fromkeys(f.rule.id for f in evidence)),
             catalog_version=self.catalog.version,
             summary=summary,
+        )
+
+    def _after_a_rank_exited(
+        self, col: _Collector, findings: list[Finding], symptoms: list[Finding]
+    ) -> Diagnosis | None:
+        """Every failure line comes after a rank said it was exiting with its process group
+        still open, and none is an error of its own kind, only the peers' view of a rank
+        gone: a store read of 0 bytes, a watchdog stuck or timed out (tune g-913, g-1017).
+        The peers lost a rank that left, at the end of its work or of its error."""
+        exits = [f for f in findings if f.rule.id == _EXITED_WITHOUT_DESTROY]
+        failing = [f for f in symptoms if f.rule.role is not Role.CONTEXT]
+        if not exits or not failing:
+            return None
+        if any(f.rule.role is Role.ROOT and f.rule.category not in _PEERS_VIEW for f in failing):
+            return None
+        first = min(exits, key=lambda f: f.order)
+        if not all(f.order[0] == first.order[0] and f.order > first.order for f in failing):
+            return None
+        evidence = [first, *sorted(failing, key=lambda f: f.order)][:_MAX_EVIDENCE]
+        return Diagnosis(
+            category=Category.USER_CODE,
+            action=Action.STOP,
+            culprit_nodes=_where(evidence, col),
+            culprit_ranks=[],
+            transient=False,
+            confidence=0.45,
+            evidence=[f.evidence for f in evidence],
+            rule_ids=list(dict.fromkeys(f.rule.id for f in evidence)),
+            catalog_version=self.catalog.version,
+            summary=(
+                f"{first.rule.title}: {_titles(failing)} after it; the program's end or "
+                "its error, not the network"
+            ),
         )
 
     def _unknown(
