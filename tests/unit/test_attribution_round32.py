@@ -255,3 +255,18 @@ def test_an_error_of_its_own_after_the_exit_still_decides(tmp_path: Path) -> Non
     ecc = "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
     diagnosis = diagnose(tmp_path, [EXITING, ecc])
     assert diagnosis.category is Category.GPU_MEMORY_ECC
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ip-10-0-87-143:149:298 [5] register_mr_buffers:465 NCCL WARN NET/OFI Unable to register "
+        "memory (type = 1) for device 0. RC: 12, Error: Cannot allocate memory",
+        "libfabric:718892:1658904526::efa:mr:efa_mr_regattr():632<warn> Unable to register MR: "
+        "Cannot allocate memory",
+    ],
+)
+def test_efa_that_cannot_register_memory_is_the_adapters_setup(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.category is Category.INFINIBAND_NIC
+    assert diagnosis.action is Action.ESCALATE
