@@ -270,3 +270,9 @@ def test_efa_that_cannot_register_memory_is_the_adapters_setup(tmp_path: Path, l
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.category is Category.INFINIBAND_NIC
     assert diagnosis.action is Action.ESCALATE
+
+
+def test_a_memory_error_behind_torchruns_label_is_host_memory(tmp_path: Path) -> None:
+    # tune g-1050 under torchrun's --tee label: no blank between the label and the class.
+    diagnosis = diagnose(tmp_path, ["[default3]:MemoryError"])
+    assert diagnosis.category is Category.OOM_HOST
