@@ -61,6 +61,7 @@ _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
 # model's loading cut short, DeepSpeed's memory report) at most a few lines above it.
 _SIGKILL = "proc.sigkill"
 _STARTUP_PEAK = "oom.host_startup_peak"
+_STARTUP_DONE = "oom.host_startup_done"
 _STARTUP_PEAK_LINES = 12  # a launcher's traceback may come between (tune g-824: 9 lines)
 # Slurm's line in the job's log that it ended the job at its time limit, and how close
 # below a program's error it comes when the job hung after that error.
@@ -93,8 +94,15 @@ _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 _NCCL_THREAD = re.compile(r"([A-Za-z0-9][\w.-]{0,62}:\d+:\d+) \[\d{1,3}\] ")
 _REM_ALLOCATOR = "nccl.rem_allocator_service"
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
-# What a rank's peers see when it is gone: a stall, a collective or a store that fails.
+_RUNTIME_ERROR_OTHER = "python.runtime_error_other"
+_EXCEPTION_OTHER = "python.exception_other"
+# What a rank's peers see when it is gone: a stall, a collective or a store that fails;
+# and the lines of a job that was being stopped (its ranks leave because they were told).
 _PEERS_VIEW = frozenset({Category.HANG, Category.NETWORK_NCCL})
+_STORE_LOST = "torch.store_connection_lost"
+_TOLD_TO_STOP = frozenset(
+    {"proc.sigterm_received", "slurm.time_limit", "slurm.preemption", "slurm.cancelled"}
+)
 # A line that names the Slurm job it is about ("Job 42664148 exceeded memory limit"), and
 # slurmstepd's line that ends that job on a node ("*** JOB 42664148 ON cn3152 CANCELLED").
 _JOB_ID = re.compile(r"\bJob (\d+)\b")
@@ -447,7 +455,8 @@ class Attributor:
             notes.append(frame.rule.title)
             others = [frame, *others]
         elif rule.id == _SIGKILL and (
-            (peak := _context_above(primary, findings, _STARTUP_PEAK))
+            (peak := _context_above(primary, findings, _STARTUP_PEAK, _STARTUP_DONE))
+            and peak.rule.id == _STARTUP_PEAK
             and primary.order[1] - peak.order[1] <= _STARTUP_PEAK_LINES
         ):
             # Killed at a start-up phase's host-memory peak: the OOM killer's
@@ -455,6 +464,13 @@ class Attributor:
             category, action, transient = Category.OOM_HOST, Action.STOP, False
             notes.append(peak.rule.title)
             others = [peak, *others]
+        elif rule.id == _RUNTIME_ERROR_OTHER and _context_above(
+            primary, findings, _EXCEPTION_OTHER
+        ):
+            # The program's RuntimeError wraps an exception no rule knows (a hub's 503 "was
+            # the direct cause of" a failed load, review 25): whether that one passes on a
+            # retry is for a person, so the wrapper does not stop the job.
+            action, transient = Action.ESCALATE, None
         nodes: list[str] = []
         if rule.blames_node:
             for f in same:
@@ -613,17 +629,27 @@ class Attributor:
         )
 
     def _after_a_rank_exited(
-        self, col: _Collector, findings: list[Finding], symptoms: list[Finding]
+        self, col: _Collector, findings: list[Finding], failing: list[Finding]
     ) -> Diagnosis | None:
-        """Every failure line comes after a rank said it was exiting with its process group
-        still open, and none is an error of its own kind, only the peers' view of a rank
-        gone: a store read of 0 bytes, a watchdog stuck or timed out (tune g-913, g-1017).
-        The peers lost a rank that left, at the end of its work or of its error."""
+        """Every line of the failure (`failing`: roots, cascades, confirmations) comes after
+        a rank said it was exiting with its process group still open, at least one is a
+        peer's collective failing or stuck, and none is of another kind: the peers lost a
+        rank that left, at the end of its work or of its error (tune g-1017, a watchdog
+        stuck in the teardown). A store read of 0 bytes alone is not enough: a finished
+        run prints that at shutdown too (review 25); nor is a job that was being stopped
+        (a SIGTERM, a preemption): its ranks leave because they were told to."""
         exits = [f for f in findings if f.rule.id == _EXITED_WITHOUT_DESTROY]
-        failing = [f for f in symptoms if f.rule.role is not Role.CONTEXT]
+        failing = [f for f in failing if f.rule.role is not Role.CONTEXT]
         if not exits or not failing:
             return None
-        if any(f.rule.role is Role.ROOT and f.rule.category not in _PEERS_VIEW for f in failing):
+        if any(f.rule.id in _TOLD_TO_STOP for f in findings):
+            return None
+        if not any(
+            f.rule.role in (Role.ROOT, Role.CASCADE) and f.rule.category in _PEERS_VIEW
+            for f in failing
+        ):
+            return None
+        if any(f.rule.category not in _PEERS_VIEW and f.rule.id != _STORE_LOST for f in failing):
             return None
         first = min(exits, key=lambda f: f.order)
         if not all(f.order[0] == first.order[0] and f.order > first.order for f in failing):
@@ -735,8 +761,11 @@ def _where(findings: list[Finding], col: _Collector) -> list[str]:
 def _cancelled_on(primary: Finding, findings: list[Finding], topo: Topology) -> list[str]:
     """The node on which slurmstepd cancelled the job that the winning line names by id
     (tune g-060, g-387: "Job 7518 exceeded memory limit", then "*** JOB 7518 ON xantipa
-    CANCELLED AT ..."): where it happened, for a diagnosis that only says where."""
-    if not (job := _JOB_ID.search(primary.evidence.text)):
+    CANCELLED AT ..."): where it happened, for a diagnosis that only says where; on a
+    job of one node (or whose nodes are not known)."""
+    if len(topo.nodelist) > 1 or not (job := _JOB_ID.search(primary.evidence.text)):
+        # Only the step's first node prints the cancel line: on a job of several nodes
+        # the limit may have been passed on another (review 25).
         return []
     nodes = [
         host

@@ -144,6 +144,19 @@ class Rule(BaseModel):
     sources: list[EvidenceSource] = Field(default_factory=list)
     xid: int | None = None
 
+    @model_validator(mode="after")
+    def _without_culprit_replaces_an_isolation(self) -> Rule:
+        # It says what an isolating rule does with no node to isolate: on any other rule
+        # it would never apply, and an isolating replacement would isolate no one.
+        isolating = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
+        if self.without_culprit is not None and (
+            self.action not in isolating or self.without_culprit in isolating
+        ):
+            raise ValueError(
+                f"{self.id}: without_culprit applies to a drain or exclusion and must not be one"
+            )
+        return self
+
 
 class XidBucket(StrEnum):
     """NVIDIA's 'Resolution Bucket (Immediate Action)' column of the Xid catalog."""
