@@ -6,11 +6,11 @@ scan's deadline is checked between blocks, not inside one regex search. For each
 and each of its triggers this builds lines of 60,000 repetitions of characters that feed
 backtracking (digits, slashes, dots, quotes, blanks, words), with the trigger in front of
 them or behind them (directly or across a blank: an unanchored pattern backtracks over
-what precedes its literal), times a search on each with the engine the matcher uses for
-that pattern (RE2, or `re` for the few that RE2 cannot express), and prints the slowest
-of each engine. A catastrophic pattern shows up as seconds; a linear one stays in the
-low milliseconds. `--re` times every pattern on `re`, as before the matcher moved them
-to RE2: the figure RE2 saves.
+what precedes its literal), plus a line of the trigger repeated, and times a search on
+each with the engine the matcher uses for that pattern (RE2, or `re` for the few that
+RE2 cannot express), and prints the slowest of each engine. A catastrophic pattern shows
+up as seconds; a linear one stays in the low milliseconds. `--re` times every pattern on
+`re`, as before the matcher moved them to RE2: the figure RE2 saves.
 
     .venv/bin/python bench/regex_worst_case.py
 """
@@ -42,6 +42,14 @@ def main() -> int:
             regex: LinePattern = linear or pattern.compiled()
             engine = "re2" if linear is not None else "re"
             for trigger in pattern.triggers or [""]:
+                # The trigger itself, over and over: a pattern that scans on from every
+                # occurrence (`.*` after its literal) is quadratic in the line (review 25:
+                # 66 s on Python's re).
+                repeated = f"{trigger} " * (REPEAT // (len(trigger) + 1))
+                start = time.perf_counter()
+                regex.search(repeated)
+                spent = time.perf_counter() - start
+                timings.append((spent, engine, rule.id, trigger, "<trigger repeated>"))
                 for filler in FILLERS:
                     for joint in ("", " "):
                         for line in (
