@@ -166,23 +166,22 @@ class Topology:
         CANCELLED"): the place says it is a host, so a name without digits counts too;
         still a valid node name, and one of the job's nodes when the node list is known."""
         host = short_host(name)
+        # An address (or alias) Slurm knows as a node's NodeAddr is that node.
         host = self.addrs.get(host, host)
         if not NODE_NAME.match(host):
             return None
         return host if not self.known or host in self.known else None
 
     def plausible_host(self, name: str) -> str | None:
+        """A name in a place that may hold a host or other words: slurm_host's checks,
+        and neither an exception's name nor a word that is never a host; without a node
+        list, only a name that looks like a cluster host's (it has a digit)."""
         if _EXCEPTION_NAME.search(name):
             return None
-        host = short_host(name)
-        # An address (or alias) Slurm knows as a node's NodeAddr is that node.
-        host = self.addrs.get(host, host)
-        if host.lower() in _NOT_HOSTS or not NODE_NAME.match(host):
+        host = self.slurm_host(name)
+        if host is None or host.lower() in _NOT_HOSTS:
             return None
-        if self.known:
-            return host if host in self.known else None
-        # Without a node list only names that look like cluster hosts count.
-        return host if any(c.isdigit() for c in host) else None
+        return host if self.known or any(c.isdigit() for c in host) else None
 
     def plausible_prefix_host(self, name: str) -> str | None:
         """The name in a bare "name: " prefix: a host that pdsh or a launcher put there, or
