@@ -230,6 +230,12 @@ EXITING = (
     "[rank0]:[W724 19:26:06.079439421 ProcessGroupNCCL.cpp:1479] Warning: WARNING: "
     "destroy_process_group() was not called before program exit, which can leak resources."
 )
+# tune g-1017: rank 4's watchdog, stuck in the teardown after the other ranks left.
+WATCHDOG_STUCK = (
+    "[rank4]:[E205 18:11:06.375750231 ProcessGroupNCCL.cpp:1870] [PG ID 12 PG GUID 99("
+    "EXPERT_MODEL_PARALLEL_GROUP) Rank 4] ProcessGroupNCCL's watchdog got stuck for 480 "
+    "seconds without making progress in monitoring enqueued collectives."
+)
 STORE_LOST = (
     "[rank1]:[W724 19:26:07.130163445 TCPStore.cpp:125] [c10d] recvValue failed on "
     "SocketImpl(fd=30, addr=[::ffff:127.0.0.1]:54736, remote=[::ffff:127.0.0.1]:8738): "
@@ -312,12 +318,7 @@ def test_a_finished_run_whose_store_closes_at_shutdown_raises_nothing(tmp_path: 
 
 
 def test_a_rank_told_to_stop_is_not_a_teardown_bug(tmp_path: Path) -> None:
-    watchdog = (
-        "[rank4]:[E205 18:11:06.375750231 ProcessGroupNCCL.cpp:1870] [PG ID 0 PG GUID 0 "
-        "Rank 4] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making "
-        "progress in monitoring enqueued collectives."
-    )
-    diagnosis = diagnose(tmp_path, ["[rank: 0] Received SIGTERM: 15", EXITING, watchdog])
+    diagnosis = diagnose(tmp_path, ["[rank: 0] Received SIGTERM: 15", EXITING, WATCHDOG_STUCK])
     assert diagnosis.action is not Action.STOP
 
 
@@ -329,12 +330,7 @@ def test_a_node_lost_after_a_rank_exited_is_still_the_node(tmp_path: Path) -> No
 
 def test_a_watchdog_stuck_after_ranks_exited_stops(tmp_path: Path) -> None:
     # The shape of tune g-1017: ranks leave at the end, rank 4's watchdog is stuck.
-    watchdog = (
-        "[rank4]:[E205 18:11:06.375750231 ProcessGroupNCCL.cpp:1870] [PG ID 12 PG GUID 99("
-        "EXPERT_MODEL_PARALLEL_GROUP) Rank 4] ProcessGroupNCCL's watchdog got stuck for 480 "
-        "seconds without making progress in monitoring enqueued collectives."
-    )
-    diagnosis = diagnose(tmp_path, [EXITING, watchdog])
+    diagnosis = diagnose(tmp_path, [EXITING, WATCHDOG_STUCK])
     assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.STOP)
 
 
