@@ -37,6 +37,7 @@ from trainmedic.catalog.matcher import LineMatch, Matcher
 from trainmedic.catalog.model import Rule
 from trainmedic.catalog.scanner import Scanner, clip
 from trainmedic.domain import (
+    ISOLATING,
     Action,
     AttributionRequest,
     Category,
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 
 _MAX_FINDINGS_PER_RULE = 64  # bounded memory however many ranks repeat a line
 _MAX_EVIDENCE = 12
-_ISOLATING = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
 _SAYS_WHERE = (Action.ESCALATE, Action.STOP)  # name the node, with no effect on it
 _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefixes
 _ELASTIC_BLOCK_LINES = 12
@@ -501,11 +501,11 @@ class Attributor:
             total = len(topo.nodelist)
             if len(nodes) >= 2 and total and len(nodes) * 2 > total:
                 notes.append(f"seen on {len(nodes)}/{total} nodes: systemic, not one node")
-                if action in _ISOLATING:
+                if action in ISOLATING:
                     action = Action.ESCALATE
                 confidence *= 0.6
                 nodes = []
-            elif not nodes and action in _ISOLATING:
+            elif not nodes and action in ISOLATING:
                 notes.append("culprit node not identified")
                 confidence -= 0.15
                 if rule.without_culprit is not None:
@@ -518,7 +518,7 @@ class Attributor:
             # away from its culprits), and only a node the text writes down, never one
             # inferred from a rank; neither drains nor excludes anything.
             nodes = _where(same, col) or _cancelled_on(primary, findings, topo)
-        if nodes and action not in _ISOLATING and action not in _SAYS_WHERE:
+        if nodes and action not in ISOLATING and action not in _SAYS_WHERE:
             nodes = []
         # Several independent root categories on different nodes: less sure.
         categories = {f.rule.category for f in roots if f.rule.precedence >= 50}

@@ -31,7 +31,15 @@ from pydantic import (
 from trainmedic.catalog.correlation import short_host
 from trainmedic.catalog.engine import Attributor
 from trainmedic.catalog.scanner import looks_binary
-from trainmedic.domain import Action, AttributionRequest, Category, Diagnosis, SlurmObservation
+from trainmedic.domain import (
+    ISOLATING,
+    RESTART_FAMILY,
+    Action,
+    AttributionRequest,
+    Category,
+    Diagnosis,
+    SlurmObservation,
+)
 from trainmedic.domain.hostlist import HostlistError, expand
 from trainmedic.errors import TrainmedicError
 
@@ -49,8 +57,6 @@ ACTION_ALIASES = {
     "escalate": Action.ESCALATE,
 }
 BENIGN = "none"  # category and expected_action of a case on which nothing is wrong
-RESTART_FAMILY = frozenset({Action.RESTART, Action.RESTART_EXCLUDING, Action.DRAIN_AND_RESTART})
-_ISOLATING = frozenset({Action.RESTART_EXCLUDING, Action.DRAIN_AND_RESTART})
 # A stop is dangerous where the job would have run again: restarted by us, or requeued
 # by the scheduler or the framework itself (wait).
 _WOULD_RUN_AGAIN = RESTART_FAMILY | {Action.WAIT}
@@ -349,7 +355,7 @@ def danger(expected: Action, want_nodes: set[str], diagnosis: Diagnosis) -> list
         found.append(f"{diagnosis.action.value} where stop was right")
     # Where the label names no culprit and isolating was right, the text cannot tell who
     # is innocent; anywhere else a node outside the labelled set is innocent.
-    if diagnosis.action in _ISOLATING and (want_nodes or expected not in _ISOLATING):
+    if diagnosis.action in ISOLATING and (want_nodes or expected not in ISOLATING):
         wrong = sorted({short_host(n) for n in diagnosis.culprit_nodes} - want_nodes)
         if wrong:
             verb = "drain" if diagnosis.action is Action.DRAIN_AND_RESTART else "exclusion"

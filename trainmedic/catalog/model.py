@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainmedic.domain import Action, Category, EvidenceSource, Role
+from trainmedic.domain import ISOLATING, Action, Category, EvidenceSource, Role
 
 
 class CatalogError(ValueError):
@@ -148,9 +148,8 @@ class Rule(BaseModel):
     def _without_culprit_replaces_an_isolation(self) -> Rule:
         # It says what an isolating rule does with no node to isolate: on any other rule
         # it would never apply, and an isolating replacement would isolate no one.
-        isolating = (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING)
         if self.without_culprit is not None and (
-            self.action not in isolating or self.without_culprit in isolating
+            self.action not in ISOLATING or self.without_culprit in ISOLATING
         ):
             raise ValueError(
                 f"{self.id}: without_culprit applies to a drain or exclusion and must not be one"

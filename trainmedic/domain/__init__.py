@@ -7,6 +7,8 @@ from trainmedic.domain.diagnosis import (
     SlurmObservation,
 )
 from trainmedic.domain.enums import (
+    ISOLATING,
+    RESTART_FAMILY,
     Action,
     Category,
     EvidenceSource,
@@ -17,6 +19,8 @@ from trainmedic.domain.enums import (
 )
 
 __all__ = [
+    "ISOLATING",
+    "RESTART_FAMILY",
     "Action",
     "AttributionRequest",
     "Category",

@@ -33,6 +33,13 @@ class Action(StrEnum):
     ESCALATE = "escalate"
 
 
+# The actions that take a node out of the job's way (drained, or left out of the next
+# allocation): only these need a culprit, and only these can hurt an innocent node.
+ISOLATING = frozenset({Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING})
+# The actions after which the job runs again under trainmedic's own requeue.
+RESTART_FAMILY = frozenset({Action.RESTART}) | ISOLATING
+
+
 class Mode(StrEnum):
     MONITOR = "monitor"
     APPROVE = "approve"

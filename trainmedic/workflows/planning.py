@@ -6,7 +6,7 @@ import re
 
 from trainmedic.config import Policy
 from trainmedic.domain.diagnosis import Diagnosis
-from trainmedic.domain.enums import Action, EvidenceSource, Mode
+from trainmedic.domain.enums import ISOLATING, RESTART_FAMILY, Action, EvidenceSource, Mode
 from trainmedic.domain.incident import EffectKind, EffectStatus, IncidentSignal, PlannedEffect
 from trainmedic.domain.slurm import OUR_REASON_PREFIX, SlurmJob, SlurmNode
 from trainmedic.domain.slurm import is_ours as is_ours  # the one test, kept importable here
@@ -175,7 +175,7 @@ def plan_effects(
     if job is None:
         return effects
     note = "; ".join(notes)
-    if action in (Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING) and culprits:
+    if action in ISOLATING and culprits:
         requeue = PlannedEffect(
             id=f"requeue-{job.job_id}",
             kind=EffectKind.REQUEUE_EXCLUDING,
@@ -202,7 +202,7 @@ def plan_effects(
                 if n
             )
         effects.append(requeue)
-    elif action in (Action.RESTART, Action.DRAIN_AND_RESTART, Action.RESTART_EXCLUDING):
+    elif action in RESTART_FAMILY:
         effects.append(
             PlannedEffect(
                 id=f"requeue-{job.job_id}",
