@@ -200,4 +200,7 @@ def test_tunes_accepted_dangerous_cases_are_the_reviewed_ones() -> None:
         # maintainers' reproduction, tied to a memory-pinning setting no line names
         "g-1032.log",  # NCCL's proxy and service threads failing, then a timeout; the label
         # rests on an NVIDIA engineer's reading that two threads shared one communicator
+        "g-1078.log",  # one line, NCCL's "unhandled system error" under the program's own
+        # print; the label rests on the maintainer's finding that the two ranks ran in
+        # separate Docker networks
     }
