@@ -1,0 +1,144 @@
+"""Round 36 (session of 2026-12-03, second): decisions that the tune split's new misses
+asked for.
+
+Lines quoted from a tune case name it; the others follow the tools' own formats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.attribution_support import diagnose
+from trainmedic.domain import Action, Category
+
+DEEPSPEED_KILLS = (
+    "[2023-04-16 21:54:13,235] [INFO] [launch.py:428:sigkill_handler] Killing subprocess 62215"
+)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # tune g-1065: two ranks' messages interleaved on one line, then a clean one.
+        [
+            "memory allocation of memory allocation of 20971522097152 bytes failed",
+            " bytes failed",
+            "memory allocation of 2097152 bytes failed",
+            DEEPSPEED_KILLS,
+        ],
+        ["memory allocation of 2097152 bytes failed"],
+    ],
+)
+def test_rusts_allocation_failure_is_the_host_out_of_memory(
+    tmp_path: Path, lines: list[str]
+) -> None:
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "oom.host_python"
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+
+
+def test_rays_out_of_memory_advice_is_its_memory_monitors_kill(tmp_path: Path) -> None:
+    # tune g-1086: a truncated job log kept the table of the biggest workers and the advice.
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "(ActorModelRayActor pid=8249) 8800\t1.18\tray::ReferenceModelRayActor",
+            "(ActorModelRayActor pid=8249) Refer to the documentation on how to address the out "
+            "of memory issue: https://docs.ray.io/en/latest/ray-core/scheduling/"
+            "ray-oom-prevention.html. Consider provisioning more memory on this node or reducing "
+            "task parallelism by requesting more CPUs per task.",
+        ],
+    )
+    assert diagnosis.rule_ids == ["ray.oom_killed"]
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+
+
+TF_UNAVAILABLE = (
+    "I  worker-replica-1 Error reported to Coordinator: <class 'tensorflow.python.framework."
+    "errors_impl.UnavailableError'>, Stream removed  worker-replica-1"
+)
+
+
+def test_tensorflow_losing_a_peer_alone_restarts_once(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, [TF_UNAVAILABLE])  # tune g-1085
+    assert diagnosis.rule_ids == ["tf.peer_unavailable"]
+    assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
+
+
+def test_the_peers_own_error_decides_over_tensorflows_lost_connection(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when "
+            "allocating tensor with shape[64,1024,1024] on "
+            "/job:worker/replica:0/task:0/device:GPU:0",
+            TF_UNAVAILABLE,
+        ],
+    )
+    assert diagnosis.category is Category.OOM_GPU
+
+
+def test_ray_saying_an_actor_is_unavailable_is_not_tensorflows_peer(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        ["ray.exceptions.ActorUnavailableError: The actor d5a1 is unavailable: RpcError"],
+    )
+    assert "tf.peer_unavailable" not in diagnosis.rule_ids
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "    synchronize (torch/cuda/__init__.py:792)",  # py-spy, tune g-1116
+        '  File "/usr/lib/python3/dist-packages/torch/cuda/__init__.py", line 792 in synchronize',
+    ],
+)
+def test_a_stack_dump_waiting_for_the_gpu_is_a_hang_for_a_person(
+    tmp_path: Path, frame: str
+) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            'Thread 175053 (active): "MainThread"',
+            frame,
+            "    independent_gradient_partition_epilogue "
+            "(deepspeed/runtime/zero/stage_1_and_2.py:764)",
+        ],
+    )
+    assert diagnosis.rule_ids == ["hang.stack_dump_in_collective"]
+    assert (diagnosis.category, diagnosis.action) == (Category.HANG, Action.ESCALATE)
+
+
+def test_a_traceback_through_synchronize_is_not_a_dump(tmp_path: Path) -> None:
+    # A Python traceback says ", line 792, in synchronize": the error under it decides.
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "Traceback (most recent call last):",
+            '  File "/opt/torch/cuda/__init__.py", line 792, in synchronize',
+            "    return torch._C._cuda_synchronize()",
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+        ],
+    )
+    assert "hang.stack_dump_in_collective" not in diagnosis.rule_ids
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # tune g-1102, at a periodic save.
+        "RuntimeError: [enforce fail at inline_container.cc:274] . unexpected pos 203894208 vs "
+        "203894096",
+        "  what():  [enforce fail at inline_container.cc:659] .unexpected pos 64 vs 0",
+        "RuntimeError: [enforce fail at inline_container.cc:445] . PytorchStreamWriter failed "
+        "writing file data/176: file write failed",
+    ],
+)
+def test_a_short_checkpoint_write_is_for_a_person_to_check_the_storage(
+    tmp_path: Path, line: str
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["storage.checkpoint_write_failed"]
+    assert (diagnosis.category, diagnosis.action) == (Category.STORAGE_IO, Action.ESCALATE)
