@@ -142,3 +142,22 @@ def test_a_short_checkpoint_write_is_for_a_person_to_check_the_storage(
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids == ["storage.checkpoint_write_failed"]
     assert (diagnosis.category, diagnosis.action) == (Category.STORAGE_IO, Action.ESCALATE)
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        ("srun: error: node107: task 0: Out Of Memory", "oom.host_slurm"),  # tune e-001
+        ("srun: error: ip-26-0-141-217: task 16: Segmentation fault", "proc.segfault"),  # g-501
+    ],
+)
+def test_sruns_one_task_names_its_rank(tmp_path: Path, line: str, rule: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == [rule]
+    assert diagnosis.culprit_ranks == [int(line.split("task ")[1].split(":")[0])]
+
+
+def test_sruns_range_of_tasks_names_no_rank(tmp_path: Path) -> None:
+    diagnosis = diagnose(tmp_path, ["srun: error: gpu02: tasks 8-15: Out Of Memory"])
+    assert diagnosis.rule_ids == ["oom.host_slurm"]
+    assert diagnosis.culprit_ranks == []
