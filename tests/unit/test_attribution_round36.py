@@ -1,5 +1,5 @@
-"""Round 36 (session of 2026-12-03, second): decisions that the tune split's new misses
-asked for.
+"""Rounds 36 and 37 (second session of 2026-12-03): decisions that the tune split's new
+misses asked for.
 
 Lines quoted from a tune case name it; the others follow the tools' own formats.
 """
@@ -161,3 +161,52 @@ def test_sruns_range_of_tasks_names_no_rank(tmp_path: Path) -> None:
     diagnosis = diagnose(tmp_path, ["srun: error: gpu02: tasks 8-15: Out Of Memory"])
     assert diagnosis.rule_ids == ["oom.host_slurm"]
     assert diagnosis.culprit_ranks == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # tune g-1166: Megatron's index mappings, built by rank 0, not yet there on a node.
+        "c000001: FileNotFoundError: [Errno 2] No such file or directory: "
+        "'/work/guanhua/dataset/index-cache/43d5bc1477867ae12d66da383c2b664b_doc_idx.npy'",
+        # tune g-1165: datasets' map cache, written under the main node's own ~/.cache.
+        "FileNotFoundError: [Errno 2] Failed to open local file '/home/sysadm/.cache/"
+        "huggingface/datasets/json/finetune-3d2c7fccd95317e1/0.0.0/e347ab1c/"
+        "cache-66a5cd42fef01eaa_00000_of_00032.arrow'. Detail: [errno 2] No such file",
+    ],
+)
+def test_a_missing_cache_the_job_builds_itself_is_for_a_person(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["dataloader.derived_cache_missing"]
+    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.ESCALATE)
+
+
+def test_a_missing_input_file_still_stops(tmp_path: Path) -> None:
+    line = "FileNotFoundError: [Errno 2] No such file or directory: '/data/train_text_document.idx'"
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["storage.file_not_found"]
+    assert diagnosis.action is Action.STOP
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[rank0]: pyarrow.lib.ArrowInvalid: offset overflow while concatenating arrays",  # g-1148
+        "pyarrow.lib.ArrowInvalid: JSON parse error: Column() changed from object to array in "
+        "row 0",
+        "datasets.exceptions.DatasetGenerationError: An error occurred while generating the "
+        "dataset",
+    ],
+)
+def test_arrow_refusing_the_datasets_files_stops(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert diagnosis.rule_ids == ["dataloader.dataset_format_error"]
+    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
+    assert diagnosis.transient is False
+
+
+def test_arrows_io_error_is_not_the_datas_format(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path, ["pyarrow.lib.ArrowIOError: Failed to open local file '/data/train.arrow'"]
+    )
+    assert "dataloader.dataset_format_error" not in diagnosis.rule_ids
