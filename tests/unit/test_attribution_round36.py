@@ -232,3 +232,58 @@ def test_a_corrupt_allocation_size_is_not_the_host_out_of_memory() -> None:
     assert "oom.host_python" not in _rules_matching(
         "memory allocation of 18446744073709551615 bytes failed"
     )
+
+
+@pytest.mark.parametrize(
+    ("lines", "rule", "category"),
+    [
+        # tune g-1177 (NCCL 2.26's NIC fusion, NVIDIA/nccl#1748).
+        (
+            ["graph/topo.h:230 NCCL WARN Could not find NET with id 0"],
+            "nccl.topology_no_net",
+            Category.NETWORK_NCCL,
+        ),
+        # tune g-268: a sysfs path NCCL cannot do without, its error climbing the stack.
+        (
+            [
+                "SHJS-PF4ZKYLL:92777:92889 [0] graph/xml.cc:332 NCCL WARN Could not find real "
+                "path of /sys/class/pci_bus/0000:01/../../0000:01:00.0",
+                "SHJS-PF4ZKYLL:92777:92889 [0] NCCL INFO graph/xml.cc:469 -> 2",
+                "SHJS-PF4ZKYLL:92777:92889 [0] NCCL INFO graph/topo.cc:523 -> 2",
+                "SHJS-PF4ZKYLL:92777:92889 [0] NCCL INFO init.cc:581 -> 2",
+            ],
+            "nccl.topology_detection_failed",
+            Category.CUDA_SOFTWARE,
+        ),
+        # tune g-982: a topology file without the CPU's attributes.
+        (
+            [
+                "ncclInternalError: Internal check failed.",
+                "Last error:",
+                "Attribute arch of node cpu not found",
+            ],
+            "nccl.topology_detection_failed",
+            Category.CUDA_SOFTWARE,
+        ),
+    ],
+)
+def test_nccls_own_topology_failing_stops(
+    tmp_path: Path, lines: list[str], rule: str, category: Category
+) -> None:
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == rule
+    assert (diagnosis.category, diagnosis.action) == (category, Action.STOP)
+
+
+def test_a_sysfs_path_nccl_goes_past_is_no_failure(tmp_path: Path) -> None:
+    # benign g-262: NCCL notes the missing path at INFO level and builds its rings.
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "tf2-horovod-0:262:351 [0] NCCL INFO Could not find real path of "
+            "/sys/class/net/eth0/device",
+            "tf2-horovod-0:262:351 [0] NCCL INFO include/net.h:19 -> 2",
+            "tf2-horovod-0:262:351 [0] NCCL INFO Ring 00 : 7 -> 0 [receive] via NET/Socket/0",
+        ],
+    )
+    assert diagnosis.rule_ids == []
