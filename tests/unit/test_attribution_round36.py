@@ -287,3 +287,33 @@ def test_a_sysfs_path_nccl_goes_past_is_no_failure(tmp_path: Path) -> None:
         ],
     )
     assert diagnosis.rule_ids == []
+
+
+def test_nvshmem_failing_to_initialise_is_for_a_person(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "2025-12-15 14:39:19.057911428  [s6]: /dvs/p4/build/sw/rel/gpgpu/toolkit/r12.8/"
+            "main_nvshmem/src/host/topo/topo.cpp:469: [GPU 4] Peer GPU 8 is not accessible, "
+            "exiting ...",
+            "2025-12-15 14:39:19.180245959  [s6]: /dvs/p4/build/sw/rel/gpgpu/toolkit/r12.8/"
+            "main_nvshmem/src/host/init/init.cu:nvshmemi_check_state_and_init:1117: nvshmem "
+            "initialization failed, exiting ",
+        ],
+    )  # tune g-1190
+    assert diagnosis.rule_ids == ["cuda.nvshmem_init_failed"]
+    assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
+
+
+def test_the_wait_for_the_nccl_id_in_newer_words_is_the_stores(tmp_path: Path) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [
+            "torch.distributed.DistBackendError: [3] is setting up NCCL communicator and "
+            "retrieving ncclUniqueId from [0] via c1",
+            "0d key-value store by key '0', but store->get('0') got error: wait timeout after "
+            "1800000ms, keys: /default_pg/0//cuda//0",
+        ],
+    )  # tune g-1191, wrapped as published
+    assert diagnosis.rule_ids[0] == "torch.store_timeout"
+    assert diagnosis.action is Action.ESCALATE
