@@ -43,6 +43,8 @@ _SURVIVOR = re.compile(r"CANCELLED AT \S+ DUE TO NODE FAILURE")
 _NCCL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d+):(\d+) \[(\d{1,3})\]")
 # The same prefix quoted inside a line ("error message: `task-646--1-mhpnk:91:123 [0] ...").
 _NCCL_INNER = re.compile(r"[\s`'\"(]([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\d+:\d+ \[(\d{1,3})\] ")
+# Its host:pid:tid anywhere on a line: which thread of which process wrote it.
+_NCCL_THREAD = re.compile(r"([A-Za-z0-9][\w.-]{0,62}:\d+:\d+) \[\d{1,3}\] ")
 
 _SYSLOG = re.compile(
     r"^(?:[A-Z][a-z]{2} [ \d]\d [\d:]{8}|\d{4}-\d\d-\d\d[T ][\d:.]+(?:Z|[+-][\d:]+)?)"
@@ -211,6 +213,11 @@ def undecorate(line: str) -> str:
             break
         line = bare[m.end() :]
     return line
+
+
+def nccl_thread(text: str) -> str | None:
+    """The host:pid:tid of NCCL's prefix on a line, if it has one."""
+    return hit.group(1) if (hit := _NCCL_THREAD.search(text)) else None
 
 
 def parse_line(line: str, topo: Topology) -> LineContext:

@@ -29,6 +29,7 @@ from trainmedic.catalog.correlation import (
     LineContext,
     Topology,
     elastic_field,
+    nccl_thread,
     parse_line,
     uncoloured,
 )
@@ -89,9 +90,7 @@ _SHORT_TIMEOUT_MS = 300_000
 # and 96117, a model-parallel and a data-parallel group): they cannot be compared.
 _MAX_STEP_SPREAD = 64
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
-# NCCL's line prefix, host:pid:tid [gpu], and the rule that marks its bootstrap's
-# remote-allocation service thread.
-_NCCL_THREAD = re.compile(r"([A-Za-z0-9][\w.-]{0,62}:\d+:\d+) \[\d{1,3}\] ")
+# The rule that marks the thread of NCCL's bootstrap remote-allocation service.
 _REM_ALLOCATOR = "nccl.rem_allocator_service"
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
 _RUNTIME_ERROR_OTHER = "python.runtime_error_other"
@@ -822,24 +821,19 @@ def _context_above(primary: Finding, findings: list[Finding], *rule_ids: str) ->
     return None if ended else nearest
 
 
-def _nccl_thread(text: str) -> str | None:
-    """The host:pid:tid of NCCL's prefix on a line, if it has one."""
-    return hit.group(1) if (hit := _NCCL_THREAD.search(text)) else None
-
-
 def _of_service_threads(findings: list[Finding]) -> list[Finding]:
     """Root and cascade lines that NCCL's remote-allocation service thread logged (the
     same host:pid:tid as its "[Rem Allocator]" line): a peer's request failing here, a
     symptom, not this rank's own failure (benign g-981)."""
     threads = {
-        t for f in findings if f.rule.id == _REM_ALLOCATOR and (t := _nccl_thread(f.evidence.text))
+        t for f in findings if f.rule.id == _REM_ALLOCATOR and (t := nccl_thread(f.evidence.text))
     }
     if not threads:
         return []
     return [
         f
         for f in findings
-        if f.rule.role in (Role.ROOT, Role.CASCADE) and _nccl_thread(f.evidence.text) in threads
+        if f.rule.role in (Role.ROOT, Role.CASCADE) and nccl_thread(f.evidence.text) in threads
     ]
 
 
