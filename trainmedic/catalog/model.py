@@ -43,9 +43,16 @@ LAUNCHED_COMMAND = (
 LIGHTNING_CHILD_EXIT = (
     r"(?:\[rank: (?P<rank>\d+)\] )?Child process with PID \d+ terminated with code "
 )
+# `{dump_line_start}`: the start of a stack dump's frame line, behind at most one label of
+# whoever dumped it (srun's "12: ", "[default3]:", Open MPI's "[1,3]<stderr>:", "gpu07: ")
+# and its indentation.
+DUMP_LINE_START = (
+    r"^(?:\s{0,6}\d{1,6}: |\[\w+\]: ?|\[\d+,\d+\]<std(?:out|err)>: ?|[A-Za-z][\w.-]*: )?\s*"
+)
 # What the catalog's patterns may name instead of writing the same regex again.
 PLACEHOLDERS = {
     "{line_start}": LINE_START,
+    "{dump_line_start}": DUMP_LINE_START,
     "{launched_command}": LAUNCHED_COMMAND,
     "{lightning_child_exit}": LIGHTNING_CHILD_EXIT,
 }
