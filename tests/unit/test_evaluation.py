@@ -183,6 +183,35 @@ def test_benign_label_must_be_benign_on_both_sides() -> None:
         _label(category="none", expected_action="none", culprit_nodes=["n1"])
 
 
+def test_figures_per_evidence_kind_split_the_failure_cases() -> None:
+    results = [
+        # Evidence in the excerpt: one right, one a dangerous stop.
+        score(_label(file="a", evidence="excerpt"), _good()),
+        score(
+            _label(file="b", evidence="excerpt", expected_action="restart"),
+            _dx(Category.GPU_HARDWARE, Action.STOP),
+        ),
+        # Only the thread knows: missed as unknown.
+        score(
+            _label(file="c", evidence="thread", category="oom_host", expected_action="stop"),
+            _dx(Category.UNKNOWN, Action.ESCALATE),
+        ),
+        # Not judged, and a benign case: in no group.
+        score(_label(file="d"), _good()),
+        score(_label(file="e", category="none", expected_action="none"), _good()),
+    ]
+    report = summarise(results)
+    assert set(report.by_evidence) == {"excerpt", "thread"}
+    excerpt, thread = report.by_evidence["excerpt"], report.by_evidence["thread"]
+    assert (excerpt.n, excerpt.category_accuracy, excerpt.action_accuracy) == (2, 1.0, 0.5)
+    assert (excerpt.dangerous, excerpt.stops, excerpt.unknown_rate) == (1, 0, 0.0)
+    assert (thread.n, thread.category_accuracy, thread.unknown_rate) == (1, 0.0, 1.0)
+    assert (thread.stops_caught, thread.stops, thread.dangerous) == (0, 1, 0)
+    # The whole report still counts every failure case.
+    assert report.failures == 4 and report.category_accuracy == 0.75
+    assert summarise([results[3]]).by_evidence == {}
+
+
 def _write(path: Path, *lines: object) -> Path:
     path.write_text(
         "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines),
@@ -216,6 +245,7 @@ def test_labels_parts_are_read_together_and_duplicates_refused(tmp_path: Path) -
         (json.dumps({"category": "unknown", "expected_action": "escalate"}), "file"),
         (json.dumps({**CASE, "transient": "maybe"}), "transient"),
         (json.dumps({**CASE, "file": "../../etc/passwd"}), "inside the corpus directory"),
+        (json.dumps({**CASE, "evidence": "issue"}), "evidence"),
     ],
 )
 def test_malformed_label_names_file_and_line(tmp_path: Path, line: str, detail: str) -> None:
@@ -316,6 +346,10 @@ def test_cli_eval_defaults_to_the_directory_labels_and_writes_known_misses(
     assert as_json.exit_code == 0, as_json.output
     data = json.loads(as_json.stdout)
     assert data["n"] == 1 and data["unlabelled"] == ["b.log"]
+    _write(tmp_path / "labels.b.jsonl", {**CASE, "file": "b.log", "evidence": "thread"})
+    text = CliRunner().invoke(_app(), ["attribution", "eval", str(tmp_path)])
+    assert "evidence in the thread: 1 cases: category 100.0%" in text.output
+    assert "evidence in the excerpt" not in text.output
 
 
 def test_cli_eval_without_labels_is_a_clean_error(tmp_path: Path) -> None:

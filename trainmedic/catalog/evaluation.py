@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -61,6 +61,10 @@ BENIGN = "none"  # category and expected_action of a case on which nothing is wr
 # by the scheduler or the framework itself (wait).
 _WOULD_RUN_AGAIN = RESTART_FAMILY | {Action.WAIT}
 ASPECTS = ("category", "action", "culprit", "transient")
+# Where a label's answer can be read: in the excerpt itself, or only in the source's
+# discussion (a maintainer's diagnosis, the reporter's account). A tool that reads logs can
+# reach the first; the second bounds what any log reader can score.
+Evidence = Literal["excerpt", "thread"]
 
 
 class InputError(TrainmedicError):
@@ -92,6 +96,7 @@ class Label(BaseModel):
     # Slurm's NodeAddr (address -> node name), where the source states it.
     node_addrs: dict[str, str] = Field(default_factory=dict)
     slurm: SlurmObservation | None = None
+    evidence: Evidence | None = None  # None: nobody has judged where the answer lies
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +182,22 @@ class CaseResult(BaseModel):
     dangerous: list[str] = Field(default_factory=list)
     confidence: float
     rule_ids: list[str]
+    evidence: Evidence | None = None
+
+
+class HeadlineFigures(BaseModel):
+    """The headline figures over a set of failure cases (all, or one evidence kind)."""
+
+    n: int
+    category_accuracy: float | None
+    action_accuracy: float | None
+    restart_family_accuracy: float | None
+    stops_caught: int
+    stops: int
+    culprit_accuracy: float | None
+    culprit_cases: int
+    unknown_rate: float | None
+    dangerous: int  # cases with a dangerous error
 
 
 class EvalReport(BaseModel):
@@ -203,6 +224,8 @@ class EvalReport(BaseModel):
     dangerous: list[dict[str, str]]
     false_alarms: int
     false_alarm_files: list[str]
+    # Per evidence kind ("excerpt", "thread"), over failure cases labelled with one.
+    by_evidence: dict[str, HeadlineFigures]
     confusion: dict[str, dict[str, int]]  # expected category -> got -> count
     action_confusion: dict[str, dict[str, int]]
     unlabelled: list[str]  # case files in the directory that no label covers
@@ -311,6 +334,7 @@ def score(label: Label, diagnosis: Diagnosis) -> CaseResult:
         "transient": diagnosis.transient,
         "confidence": diagnosis.confidence,
         "rule_ids": diagnosis.rule_ids,
+        "evidence": label.evidence,
     }
     if label.category is None or label.expected_action is None:
         # An operator would be paged or the job touched: anything but "nothing found".
@@ -381,8 +405,6 @@ def summarise(
         for r in scored
         if r.expected_action == Action.STOP.value or Action(r.expected_action) in RESTART_FAMILY
     ]
-    stops = [r for r in scored if r.expected_action == Action.STOP.value]
-    with_culprit = [r for r in scored if r.culprit_ok is not None]
     with_transient = [r for r in scored if r.transient_ok is not None]
     tp = fp = fn = 0
     for r in scored:
@@ -395,37 +417,57 @@ def summarise(
     for r in results:
         confusion.setdefault(r.expected_category, Counter())[r.category.value] += 1
         actions.setdefault(r.expected_action, Counter())[r.action.value] += 1
+    headline = _headline(scored).model_dump(exclude={"n", "dangerous"})
     return EvalReport(
         n=len(results),
         failures=len(scored),
         benign=len(benign),
-        category_accuracy=_rate(sum(bool(r.category_ok) for r in scored), len(scored)),
-        action_accuracy=_rate(sum(bool(r.action_ok) for r in scored), len(scored)),
-        restart_family_accuracy=_rate(sum(bool(r.family_ok) for r in scored), len(scored)),
+        **headline,
         binary_agreement=_rate(
             sum(_binary(r.action) == _binary_expected(r) for r in binary), len(binary)
         ),
         binary_cases=len(binary),
-        stops_caught=sum(r.action is Action.STOP for r in stops),
-        stops=len(stops),
-        culprit_accuracy=_rate(sum(bool(r.culprit_ok) for r in with_culprit), len(with_culprit)),
-        culprit_cases=len(with_culprit),
         culprit_precision=_rate(tp, tp + fp),
         culprit_recall=_rate(tp, tp + fn),
         transient_accuracy=_rate(
             sum(bool(r.transient_ok) for r in with_transient), len(with_transient)
         ),
         transient_cases=len(with_transient),
-        unknown_rate=_rate(sum(r.category is Category.UNKNOWN for r in scored), len(scored)),
         dangerous_stops=sum(is_dangerous_stop(r) for r in scored),
         dangerous=[{"file": r.file, "why": why} for r in scored for why in r.dangerous],
         false_alarms=sum(r.false_alarm for r in benign),
         false_alarm_files=[r.file for r in benign if r.false_alarm],
+        by_evidence=_by_evidence(scored),
         confusion=_table(confusion),
         action_confusion=_table(actions),
         unlabelled=sorted(unlabelled),
         labels_files=list(labels_files),
         results=results,
+    )
+
+
+def _by_evidence(scored: list[CaseResult]) -> dict[str, HeadlineFigures]:
+    groups: dict[str, list[CaseResult]] = {}
+    for r in scored:
+        if r.evidence is not None:
+            groups.setdefault(r.evidence, []).append(r)
+    return {kind: _headline(cases) for kind, cases in sorted(groups.items())}
+
+
+def _headline(cases: list[CaseResult]) -> HeadlineFigures:
+    stops = [r for r in cases if r.expected_action == Action.STOP.value]
+    with_culprit = [r for r in cases if r.culprit_ok is not None]
+    return HeadlineFigures(
+        n=len(cases),
+        category_accuracy=_rate(sum(bool(r.category_ok) for r in cases), len(cases)),
+        action_accuracy=_rate(sum(bool(r.action_ok) for r in cases), len(cases)),
+        restart_family_accuracy=_rate(sum(bool(r.family_ok) for r in cases), len(cases)),
+        stops_caught=sum(r.action is Action.STOP for r in stops),
+        stops=len(stops),
+        culprit_accuracy=_rate(sum(bool(r.culprit_ok) for r in with_culprit), len(with_culprit)),
+        culprit_cases=len(with_culprit),
+        unknown_rate=_rate(sum(r.category is Category.UNKNOWN for r in cases), len(cases)),
+        dangerous=sum(bool(r.dangerous) for r in cases),
     )
 
 

@@ -175,6 +175,19 @@ def _print_report(report: EvalReport) -> None:
         highlight=False,
         markup=False,
     )
+    for kind, part in report.by_evidence.items():
+        # Where the labels say whether the log itself shows the answer, the figures on
+        # each side tell a rule gap (evidence in the excerpt) from what no log reader sees.
+        console.print(
+            f"evidence in the {kind}: {part.n} cases: category {_pct(part.category_accuracy)}"
+            f"  action {_pct(part.action_accuracy)}"
+            f"  restart family {_pct(part.restart_family_accuracy)}"
+            f"  stops caught {part.stops_caught}/{part.stops}"
+            f"  culprit {_pct(part.culprit_accuracy)} of {part.culprit_cases}"
+            f"  unknown {_pct(part.unknown_rate)}  dangerous {part.dangerous}",
+            highlight=False,
+            markup=False,
+        )
     _print_list(
         console,
         f"dangerous errors: {len(report.dangerous)} (dangerous stops {report.dangerous_stops})",
