@@ -174,6 +174,35 @@ def test_the_split_is_made_by_source(split: str) -> None:
     assert misfiled == []
 
 
+def test_no_excerpt_is_held_twice() -> None:
+    # The same log posted to two issues made byte-identical cases: one in each split lets
+    # rules be tuned on held-out text, two in one split count a log twice.
+    seen: dict[str, str] = {}
+    twins = []
+    for path in sorted(REAL.glob("*/*.log")):
+        digest = hashlib.sha1(path.read_bytes()).hexdigest()
+        name = f"{path.parent.name}/{path.name}"
+        if digest in seen:
+            twins.append((seen[digest], name))
+        seen.setdefault(digest, name)
+    assert twins == []
+
+
+@pytest.mark.parametrize("split", ["tune", "eval"])
+def test_every_failure_case_says_where_its_evidence_lies(split: str) -> None:
+    report = _report(split)
+    assert [r.file for r in report.results if r.evidence is None] == []
+    assert set(report.by_evidence) == {"excerpt", "thread"}
+
+
+def test_tunes_accepted_dangerous_cases_rest_on_the_thread() -> None:
+    # The rule for accepting one (module docstring) is that its excerpt holds no line of
+    # the cause: the reviewers who tagged the evidence, without the attributor's answers,
+    # must have found the same.
+    evidence = {r.file: r.evidence for r in _report("tune").results}
+    assert {f: evidence[f] for f in _accepted_danger("tune") if evidence[f] != "thread"} == {}
+
+
 def test_tunes_accepted_dangerous_cases_are_the_reviewed_ones() -> None:
     # Each was read and found to hold no line of the cause its label rests on (a lone
     # collective timeout the thread traced to a save path or a setting). A new one must be
