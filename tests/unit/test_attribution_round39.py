@@ -50,3 +50,21 @@ def test_submitits_own_requeue_is_still_waited_for(tmp_path: Path) -> None:
     )
     assert diagnosis.rule_ids[0] == "framework.requeue"
     assert diagnosis.action is Action.WAIT
+
+
+def test_lightnings_failed_requeue_is_ours_to_do(tmp_path: Path) -> None:
+    # Lightning logs the failure of its own `scontrol requeue` with the words its success
+    # line starts with; nothing else requeues the job, and its checkpoint is saved.
+    lines = [
+        "Handling auto-requeue signal: 10",
+        "requeing job 4406981...",
+        "Requeuing SLURM job 4406981 failed with error code 1",
+    ]
+    diagnosis = diagnose(tmp_path, lines)
+    assert diagnosis.rule_ids[0] == "framework.requeue_failed"
+    assert (diagnosis.category, diagnosis.action) == (
+        Category.SCHEDULER_PREEMPTION,
+        Action.RESTART,
+    )
+    succeeded = diagnose(tmp_path, [*lines[:2], "Requeued SLURM job: 4406981"])
+    assert succeeded.action is Action.WAIT
