@@ -200,3 +200,15 @@ def test_cuda_error_46_is_a_busy_gpu_not_a_lost_one(tmp_path: Path, line: str) -
     diagnosis = diagnose(tmp_path, [line])
     assert diagnosis.rule_ids[0] == "cuda.device_busy"
     assert diagnosis.action is not Action.DRAIN_AND_RESTART
+
+
+def test_xid_154_drains_only_when_the_gpu_needs_an_action(tmp_path: Path) -> None:
+    xid = "Mar 12 11:01:22 gpu03 kernel: NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action "
+    needs = diagnose(tmp_path, [xid + "changed from 0x0 (None) to 0x1 (GPU Reset Required)"])
+    assert (needs.rule_ids[0], needs.action) == (
+        "kernel.gpu_reset_required",
+        Action.DRAIN_AND_RESTART,
+    )
+    recovered = diagnose(tmp_path, [xid + "changed from 0x1 (GPU Reset Required) to 0x0 (None)"])
+    assert recovered.action is not Action.DRAIN_AND_RESTART
+    assert recovered.culprit_nodes == []
