@@ -725,8 +725,12 @@ class RecoveryWorkflow:
         headline = diagnosis.headline() if diagnosis else "no diagnosis"
         problems = f" ({'; '.join(gathered.problems)})" if gathered.problems else ""
         if diagnosis and diagnosis.action is Action.WAIT:
+            # Not "the scheduler requeues it": Slurm requeues a preempted job or one that
+            # lost a node, never one that ran out its time limit, which is its owner's to
+            # resubmit. Either way it is not ours to restart.
             return self._finish(
-                Outcome.WAITING_ON_SCHEDULER, f"the scheduler handles it: {headline}"
+                Outcome.WAITING_ON_SCHEDULER,
+                f"not restarted by trainmedic, the scheduler's or the owner's call: {headline}",
             )
         return self._finish(Outcome.ESCALATED, f"needs a person: {headline}{problems}")
 
