@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.attribution_support import diagnose
-from trainmedic.domain import Action, Category
+from trainmedic.domain import Action, Category, SlurmObservation
 
 PREEMPTED = (
     "submitit WARNING (2022-07-12 04:18:45,881) - Caught signal SIGUSR1 on learnfair0293: "
@@ -212,3 +212,174 @@ def test_xid_154_drains_only_when_the_gpu_needs_an_action(tmp_path: Path) -> Non
     recovered = diagnose(tmp_path, [xid + "changed from 0x1 (GPU Reset Required) to 0x0 (None)"])
     assert recovered.action is not Action.DRAIN_AND_RESTART
     assert recovered.culprit_nodes == []
+
+
+# Single lines the review found read against their source: what each now decides.
+@pytest.mark.parametrize(
+    ("line", "rule", "action"),
+    [
+        # NCCL_NET names a transport that is not up on this node: not the program's bug.
+        (
+            "gpu03:4242:4242 [0] misc/net.cc:732 NCCL WARN Error: network IB not found.",
+            "nccl.network_not_found",
+            Action.ESCALATE,
+        ),
+        # DeepSpeed's loss scaler giving up is the same divergence as fairseq's.
+        (
+            "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+            "Exiting run.",
+            "python.loss_scale_underflow",
+            Action.STOP,
+        ),
+        # Newer NCCL's connect failures at set-up.
+        (
+            "gpu01:33017:34012 [0] misc/socket.cc:568 NCCL WARN socketPollConnect: exceeded "
+            "retries (20)",
+            "nccl.socket_connect_failed",
+            Action.ESCALATE,
+        ),
+        # The kernel's SIGBUS for a bad DIMM: the node, not /dev/shm.
+        (
+            "Mar 12 11:01:22 gpu03 kernel: Memory failure: 0x3f2a5c: Sending SIGBUS to "
+            "pt_data_worker:4242 due to hardware memory corruption",
+            "kernel.memory_failure",
+            Action.DRAIN_AND_RESTART,
+        ),
+        # The kernel out of cgroup ids, not a full disk (the line names no node, so the
+        # restart cannot exclude one).
+        (
+            "slurmstepd: error: xcgroup_instantiate: unable to create cgroup "
+            "'/sys/fs/cgroup/memory/slurm/uid_1201/job_551289' : No space left on device",
+            "slurm.cgroup_create_failed",
+            Action.RESTART,
+        ),
+        # An NFS server's outage, printed by every client: nobody's node is excluded.
+        (
+            "Mar 12 11:01:22 gpu03 kernel: nfs: server fs01 not responding, still trying",
+            "storage.nfs_server_not_responding",
+            Action.ESCALATE,
+        ),
+        # torch.distributed.checkpoint's planner on a key the checkpoint lacks.
+        (
+            "[rank0]: RuntimeError: Missing key in checkpoint state_dict: model.layers.0.bias.",
+            "checkpoint.resume_mismatch",
+            Action.STOP,
+        ),
+        # JAX's current wording of the same misuse.
+        (
+            "RuntimeError: jax.distributed.initialize() must be called before any JAX calls "
+            "that might initialise the XLA backend.",
+            "jax.initialize_misuse",
+            Action.STOP,
+        ),
+        # A fatal SXid still drains.
+        (
+            "kernel: nvidia-nvswitch2: SXid (PCI:0000:88:00.0): 24007, Fatal, Link 31 "
+            "sourcetrack TCEN0 crumbstore ECC DBE Error",
+            "kernel.sxid_nvswitch",
+            Action.DRAIN_AND_RESTART,
+        ),
+    ],
+)
+def test_lines_read_against_their_source(
+    tmp_path: Path, line: str, rule: str, action: Action
+) -> None:
+    diagnosis = diagnose(tmp_path, [line])
+    assert (diagnosis.rule_ids[0], diagnosis.action) == (rule, action)
+    if action is not Action.DRAIN_AND_RESTART:
+        assert diagnosis.action is not Action.DRAIN_AND_RESTART
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # Non-fatal and corrected SXids leave the fabric working.
+        "kernel: nvidia-nvswitch2: SXid (PCI:0000:88:00.0): 12028, Non-fatal, Link 31 egress "
+        "non-posted PRIV error (First)",
+        # mlx5's fatal error opens a recovery that may well succeed.
+        "mlx5_core 0000:4b:00.0: poll_health:800:(pid 0): Fatal error 1 detected",
+        # Slurm's memory warnings, also printed for steps that end well.
+        "slurmstepd: error: Exceeded job memory limit at some point.",
+        "slurmstepd: task/cgroup: task_cgroup_memory_check_oom: StepId=551289.0 hit memory "
+        "limit at least once during execution. This may or may not result in some failure.",
+        # NCCL calls these adapter events non-fatal.
+        "gpu02:7712:7790 [0] transport/net_ib.cc:125 NCCL WARN NET/IB : mlx5_0:1 Got async "
+        "error event: port active",
+        # c10d warns on each address it fails to bind; the rendezvous may go on as a client.
+        "[W socket.cpp:426] [c10d] The server socket has failed to bind to [::]:29500 "
+        "(errno: 98 - Address already in use).",
+    ],
+)
+def test_lines_that_do_not_end_a_job_by_themselves_do_not_outrank_one_that_does(
+    tmp_path: Path, line: str
+) -> None:
+    # Next to a crash of its own, the job's real failure decides.
+    segfault = "srun: error: gpu03: task 5: Segmentation fault (core dumped)"
+    diagnosis = diagnose(tmp_path, [line, segfault])
+    assert diagnosis.rule_ids[0] == "proc.segfault", diagnosis.rule_ids
+    assert diagnosis.action is Action.ESCALATE
+
+
+def test_a_power_saving_node_is_not_down(tmp_path: Path) -> None:
+    lines = ["Epoch 3: 100%|██████████| 1000/1000 [10:02<00:00]"]
+    for state, down in (
+        ("IDLE+CLOUD+POWERED_DOWN", False),
+        ("IDLE+POWERING_DOWN", False),
+        ("DOWN+NOT_RESPONDING", True),
+        ("IDLE*+NOT_RESPONDING", True),
+    ):
+        slurm = SlurmObservation(job_state="FAILED", node_states={"gpu03": state})
+        diagnosis = diagnose(tmp_path, lines, nodelist=["gpu03"], slurm=slurm)
+        assert (diagnosis.rule_ids[:1] == ["slurm_state.node_down"]) is down, state
+
+
+def test_a_desync_report_gives_way_to_the_crash_that_made_it(tmp_path: Path) -> None:
+    report = "             [7] finished collective #182, but didn't join collective #183"
+    alone = diagnose(tmp_path, [report])
+    assert (alone.rule_ids[0], alone.action) == ("torch.desync_report", Action.STOP)
+    crashed = diagnose(
+        tmp_path, ["srun: error: gpu03: task 7: Segmentation fault (core dumped)", report]
+    )
+    assert crashed.rule_ids[0] == "proc.segfault"
+
+
+@pytest.mark.parametrize(
+    "survived",
+    [
+        [
+            "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f3a>",
+            "Traceback (most recent call last):",
+            '  File "torch/utils/data/dataloader.py", line 1478, in __del__',
+            "    self._shutdown_workers()",
+            "AssertionError: can only test a child process",
+        ],
+        [
+            "A module that was compiled using NumPy 1.x cannot be run in",
+            "NumPy 2.0.0 as it may crash. To support both 1.x and 2.x",
+            "versions of NumPy, modules must be compiled with NumPy 2.0.",
+            "",
+            "Traceback (most recent call last):",
+            '  File "train.py", line 3, in <module>',
+            "    import torch",
+            "AttributeError: _ARRAY_API not found",
+        ],
+    ],
+)
+def test_an_exception_python_printed_and_survived_is_not_the_failure(
+    tmp_path: Path, survived: list[str]
+) -> None:
+    alone = diagnose(tmp_path, survived)
+    assert alone.category is Category.UNKNOWN and alone.action is Action.ESCALATE
+    assert alone.rule_ids == []
+    # The job's real failure after it decides.
+    died = diagnose(
+        tmp_path, [*survived, "srun: error: gpu03: task 5: Segmentation fault (core dumped)"]
+    )
+    assert died.rule_ids[0] == "proc.segfault"
+    assert "python.traceback_exception" not in died.rule_ids
+    # An uncaught exception of its own still stops the job.
+    raised = diagnose(
+        tmp_path,
+        [*survived, "Traceback (most recent call last):", "KeyError: 'attention_mask'"],
+    )
+    assert (raised.rule_ids[0], raised.action) == ("python.traceback_exception", Action.STOP)

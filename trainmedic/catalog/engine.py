@@ -92,6 +92,11 @@ _MAX_STEP_SPREAD = 64
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 # The rule that marks the thread of NCCL's bootstrap remote-allocation service.
 _REM_ALLOCATOR = "nccl.rem_allocator_service"
+# Python printed an exception and went on: CPython's unraisable hook ("Exception ignored
+# in: ..."), NumPy 2's ABI warning over its own traceback. The marker comes this many
+# lines at most above the traceback's header.
+_SURVIVED_MARKER = "python.exception_survived"
+_SURVIVED_MARKER_LINES = 12
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
 _RUNTIME_ERROR_OTHER = "python.runtime_error_other"
 _EXCEPTION_OTHER = "python.exception_other"
@@ -395,7 +400,8 @@ class Attributor:
         # NCCL's service thread answering a peer.
         symptoms = [f for f in findings if _in_crash_dump(f, col.dump_headers)]
         symptoms += _of_service_threads(findings)
-        demoted = {id(f) for f in symptoms}
+        survived = _survived_exceptions(findings)
+        demoted = {id(f) for f in symptoms + survived}
         roots = [f for f in findings if f.rule.role is Role.ROOT and id(f) not in demoted]
         cascades = [f for f in findings if f.rule.role is Role.CASCADE and id(f) not in demoted]
         confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION] + symptoms
@@ -819,6 +825,35 @@ def _context_above(primary: Finding, findings: list[Finding], *rule_ids: str) ->
         for f in findings
     )
     return None if ended else nearest
+
+
+def _survived_exceptions(findings: list[Finding]) -> list[Finding]:
+    """The program's exceptions that Python printed and the process survived: the one at
+    the bottom of a traceback whose header comes just under CPython's "Exception ignored
+    in:" (an exception in a finaliser, discarded) or NumPy 2's warning that an extension
+    was built for NumPy 1 (the import is caught and the run goes on). Not a failure of the
+    job, whatever its class says (review of 2026-12-03)."""
+    markers = [f for f in findings if f.rule.id == _SURVIVED_MARKER]
+    if not markers:
+        return []
+    headers = [f for f in findings if f.rule.id == _TRACEBACK_HEADER]
+    survived = []
+    for f in findings:
+        if f.rule.role is not Role.ROOT or f.rule.category is not Category.USER_CODE:
+            continue
+        header = _context_above(f, findings, _TRACEBACK_HEADER)
+        if header is not None and any(_first_header_under(m, header, headers) for m in markers):
+            survived.append(f)
+    return survived
+
+
+def _first_header_under(marker: Finding, header: Finding, headers: list[Finding]) -> bool:
+    """`header` is the first traceback header shortly under `marker`, in the same file:
+    the traceback the marker announces, not a later one of an exception raised anew."""
+    file, at, line = marker.order[0], marker.order[1], header.order[1]
+    if header.order[0] != file or not 0 < line - at <= _SURVIVED_MARKER_LINES:
+        return False
+    return not any(h.order[0] == file and at < h.order[1] < line for h in headers)
 
 
 def _of_service_threads(findings: list[Finding]) -> list[Finding]:
