@@ -67,6 +67,14 @@ _STARTUP_PEAK_LINES = 12  # a launcher's traceback may come between (tune g-824:
 # Slurm's line in the job's log that it ended the job at its time limit, and how close
 # below a program's error it comes when the job hung after that error.
 _TIME_LIMIT = "slurm.time_limit"
+# The time limit as the log or Slurm's state tells it, and the framework's own word that
+# it did not requeue the job before that limit: nothing will, so the framework decides.
+_TIME_LIMITS = frozenset({_TIME_LIMIT, "slurm_state.timeout"})
+_REQUEUE_NOT_DONE = ("framework.requeue_failed", "framework.requeue_refused")
+# Ray's "its node has died" and, on a line just under it, the GCS's reason.
+_RAY_NODE_DIED = "ray.node_died"
+_RAY_NODE_STOPPED = "ray.node_terminated_expectedly"
+_RAY_REASON_LINES = 3
 _HUNG_AFTER_ERROR_LINES = 12
 # Context rules that tell an uncaught error (its traceback's header) and a teardown
 # (a process told to stop) apart near the time limit's line.
@@ -93,9 +101,10 @@ _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 # The rule that marks the thread of NCCL's bootstrap remote-allocation service.
 _REM_ALLOCATOR = "nccl.rem_allocator_service"
 # Python printed an exception and went on: CPython's unraisable hook ("Exception ignored
-# in: ..."), NumPy 2's ABI warning over its own traceback. The marker comes this many
-# lines at most above the traceback's header.
+# in: ..."), whose traceback header is the next line, and NumPy 2's ABI warning, whose
+# own traceback comes under its paragraph of advice (this many lines at most).
 _SURVIVED_MARKER = "python.exception_survived"
+_UNRAISABLE = "Exception ignored in: "
 _SURVIVED_MARKER_LINES = 12
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
 _RUNTIME_ERROR_OTHER = "python.runtime_error_other"
@@ -400,8 +409,8 @@ class Attributor:
         # NCCL's service thread answering a peer.
         symptoms = [f for f in findings if _in_crash_dump(f, col.dump_headers)]
         symptoms += _of_service_threads(findings)
-        survived = _survived_exceptions(findings)
-        demoted = {id(f) for f in symptoms + survived}
+        dropped = _survived_exceptions(findings) + _explained_node_deaths(findings)
+        demoted = {id(f) for f in symptoms + dropped}
         roots = [f for f in findings if f.rule.role is Role.ROOT and id(f) not in demoted]
         cascades = [f for f in findings if f.rule.role is Role.CASCADE and id(f) not in demoted]
         confirms = [f for f in findings if f.rule.role is Role.CONFIRMATION] + symptoms
@@ -439,7 +448,11 @@ class Attributor:
     ) -> Diagnosis:
         roots.sort(key=self._key)
         findings = col.all()
-        primary = _error_before_time_limit(roots, findings) or roots[0]
+        primary = (
+            _error_before_time_limit(roots, findings)
+            or _requeue_not_done_before_time_limit(roots)
+            or roots[0]
+        )
         rule = primary.rule
         same = [f for f in roots if f.rule.category is rule.category]
         confidence = rule.confidence
@@ -476,6 +489,28 @@ class Attributor:
             # the direct cause of" a failed load, review 25): whether that one passes on a
             # retry is for a person, so the wrapper does not stop the job.
             action, transient = Action.ESCALATE, None
+        if (
+            action is Action.ESCALATE
+            and rule.blames_node
+            and (
+                proof := next(
+                    (
+                        f
+                        for f in same
+                        if f.rule.action is Action.DRAIN_AND_RESTART
+                        and f.rule.blames_node
+                        and f.evidence.node
+                        and f.evidence.node == primary.evidence.node
+                    ),
+                    None,
+                )
+            )
+        ):
+            # The failure a person would look at comes with the node's own hardware line of
+            # the same kind (an adapter's port error or cable fault under its completion
+            # errors): that line is the proof that drains it (self-written case 015).
+            action, transient = Action.DRAIN_AND_RESTART, False
+            notes.append(f"with {proof.rule.title} on {proof.evidence.node}")
         nodes: list[str] = []
         if rule.blames_node:
             for f in same:
@@ -544,7 +579,7 @@ class Attributor:
                 if (borrowed := _neighbour_rank(f, findings)) is not None:
                     ranks = [borrowed]
                     break
-        evidence = self._pick_evidence(same, others)
+        evidence = self._pick_evidence(same, others, lead=primary)
         summary = rule.title
         if notes:
             summary += "; " + "; ".join(notes)
@@ -695,11 +730,18 @@ class Attributor:
             summary=summary,
         )
 
-    def _pick_evidence(self, primary: list[Finding], others: list[Finding]) -> list[Finding]:
+    def _pick_evidence(
+        self, primary: list[Finding], others: list[Finding], lead: Finding | None = None
+    ) -> list[Finding]:
+        # The deciding line first (`lead`, where the engine chose it over a higher-ranked
+        # one of the same category), then the rest by rank.
         chosen: list[Finding] = []
         seen_text: set[tuple[str, str | None]] = set()
+        ranked = sorted(primary, key=self._key)
+        if lead is not None and lead in ranked:
+            ranked = [lead, *(f for f in ranked if f is not lead)]
         for group, limit in (
-            (sorted(primary, key=self._key), 8),
+            (ranked, 8),
             (sorted(others, key=lambda f: f.order), 4),
         ):
             taken = 0
@@ -755,6 +797,31 @@ def _error_before_time_limit(roots: list[Finding], findings: list[Finding]) -> F
         if not teardown:
             return f
     return None
+
+
+def _requeue_not_done_before_time_limit(roots: list[Finding]) -> Finding | None:
+    """The framework's word that it did not requeue the job (its scontrol requeue failed,
+    or it refused), where the time limit would otherwise decide (`roots` sorted): the
+    framework caught the limit's warning signal, so the limit is why the job ended, and
+    nothing requeues it (review of 2026-12-03)."""
+    if roots[0].rule.id not in _TIME_LIMITS:
+        return None
+    return next((f for f in roots if f.rule.id in _REQUEUE_NOT_DONE), None)
+
+
+def _explained_node_deaths(findings: list[Finding]) -> list[Finding]:
+    """Ray's "its node has died" lines whose reason, just under them, says the node was
+    stopped on purpose (ray stop, a scale-down, a SIGTERM): not a node to drain."""
+    stopped = [f for f in findings if f.rule.id == _RAY_NODE_STOPPED]
+    return [
+        f
+        for f in findings
+        if f.rule.id == _RAY_NODE_DIED
+        and any(
+            s.order[0] == f.order[0] and 0 < s.order[1] - f.order[1] <= _RAY_REASON_LINES
+            for s in stopped
+        )
+    ]
 
 
 def _where(findings: list[Finding], col: _Collector) -> list[str]:
@@ -842,16 +909,23 @@ def _survived_exceptions(findings: list[Finding]) -> list[Finding]:
         if f.rule.role is not Role.ROOT or f.rule.category is not Category.USER_CODE:
             continue
         header = _context_above(f, findings, _TRACEBACK_HEADER)
-        if header is not None and any(_first_header_under(m, header, headers) for m in markers):
+        if header is None or header.evidence.rank != f.evidence.rank:
+            continue
+        if any(_first_header_under(m, header, headers) for m in markers):
             survived.append(f)
     return survived
 
 
 def _first_header_under(marker: Finding, header: Finding, headers: list[Finding]) -> bool:
-    """`header` is the first traceback header shortly under `marker`, in the same file:
-    the traceback the marker announces, not a later one of an exception raised anew."""
+    """`header` is the traceback the marker announces: in the same file, from the same
+    rank (ranks' output interleaves), the very next line under CPython's "Exception
+    ignored in:" (which may come without a traceback) or the first header shortly under
+    NumPy's warning; not a later one of an exception raised anew."""
     file, at, line = marker.order[0], marker.order[1], header.order[1]
-    if header.order[0] != file or not 0 < line - at <= _SURVIVED_MARKER_LINES:
+    if header.order[0] != file or marker.evidence.rank != header.evidence.rank:
+        return False
+    reach = 1 if _UNRAISABLE in marker.evidence.text else _SURVIVED_MARKER_LINES
+    if not 0 < line - at <= reach:
         return False
     return not any(h.order[0] == file and at < h.order[1] < line for h in headers)
 

@@ -46,7 +46,16 @@ from trainmedic.watchers.base import SignalSink
 logger = logging.getLogger(__name__)
 
 SOURCE = EvidenceSource.AGENT_HEARTBEAT.value
-_SLURM_DEAD = ("DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL")
+_SLURM_DEAD = frozenset({"DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL"})
+
+
+def slurm_says_dead(state_text: str) -> bool:
+    """Slurm's node state ("IDLE*+NOT_RESPONDING", "MIXED+DRAIN+POWER_DOWN") holds a
+    whole state or flag of a dead node. Not a substring: the power-saving flags
+    POWER_DOWN, POWERING_DOWN and POWERED_DOWN end in DOWN and name a node switched
+    off on purpose (review of 2026-12-03)."""
+    parts = (part.strip().upper().rstrip("*~#%$@^-!") for part in state_text.split("+"))
+    return any(part in _SLURM_DEAD for part in parts)
 
 
 @dataclass(slots=True)
@@ -334,7 +343,7 @@ class NodeDeathDetector:
     async def _judge(self, state: AgentState, jobs: list[str]) -> IncidentSignal | None:
         results = await asyncio.gather(*(p.probe(state) for p in self.probes))
         slurm = self.slurm_state(state.node) if self.slurm_state else None
-        slurm_agrees = bool(slurm) and any(flag in (slurm or "").upper() for flag in _SLURM_DEAD)
+        slurm_agrees = bool(slurm) and slurm_says_dead(slurm or "")
         decisive = [r for p, r in zip(self.probes, results, strict=True) if p.decisive]
         failed = any(r.answered is False for r in decisive)
         answered = any(r.answered is True for r in decisive)
