@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.attribution_support import diagnose
+from trainmedic.channel.liveness import slurm_says_dead
 from trainmedic.domain import Action, Category, SlurmObservation
 
 PREEMPTED = (
@@ -508,3 +509,61 @@ def test_the_desync_report_gives_way_to_the_programs_runtime_error(tmp_path: Pat
         ],
     )
     assert diagnosis.rule_ids[0] != "torch.desync_report"
+
+
+# NVIDIA's Xid catalog, read again: what the table now does for Xids it had wrong.
+@pytest.mark.parametrize(
+    ("xid", "drains"),
+    [
+        (44, False),  # IGNORE: fault during a context switch
+        (80, False),  # RESTART_APP: corrupted data sent to the GPU
+        (121, False),  # IGNORE: corrected C2C errors
+        (157, False),  # IGNORE: "you may still run workloads"
+        (109, True),  # RESET_GPU: context switch timeout
+        (156, True),  # RESET_GPU: resource retirement event
+        (136, True),  # RESET_GPU: link training failed
+    ],
+)
+def test_xid_buckets_follow_nvidias_catalog(tmp_path: Path, xid: int, drains: bool) -> None:
+    line = f"Mar 12 11:01:22 gpu03 kernel: NVRM: Xid (PCI:0000:9a:00): {xid}, pid=4242, name=python"
+    diagnosis = diagnose(tmp_path, [line], nodelist=["gpu03"])
+    assert (diagnosis.action is Action.DRAIN_AND_RESTART) is drains, diagnosis.rule_ids
+
+
+def test_only_a_fatal_nvlink5_xid_drains(tmp_path: Path) -> None:
+    fatal = (
+        "kernel: NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 10 "
+        "(0x025001c6 0x00000000)"
+    )
+    nonfatal = "kernel: NVRM: Xid (PCI:0000:5f:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 02"
+    assert diagnose(tmp_path, [fatal]).action is Action.DRAIN_AND_RESTART
+    assert diagnose(tmp_path, [nonfatal]).action is not Action.DRAIN_AND_RESTART
+
+
+def test_a_pending_row_remap_alone_does_not_drain_but_a_failed_one_does(tmp_path: Path) -> None:
+    pending = "        Pending                           : Yes"
+    failed = "        Remapping Failure Occurred        : Yes"
+    assert diagnose(tmp_path, [pending]).action is not Action.DRAIN_AND_RESTART
+    assert diagnose(tmp_path, [failed]).action is Action.DRAIN_AND_RESTART
+
+
+def test_a_revoked_launch_credential_excludes_no_node(tmp_path: Path) -> None:
+    revoked = "srun: error: Task launch for 36.0 failed on node cn131: Job credential revoked"
+    assert diagnose(tmp_path, [revoked]).action is not Action.RESTART_EXCLUDING
+
+
+@pytest.mark.parametrize(
+    ("state", "dead"),
+    [
+        ("DOWN+NOT_RESPONDING", True),
+        ("IDLE*+NOT_RESPONDING", True),
+        ("MIXED+FAIL", True),
+        ("MIXED+DRAIN+POWER_DOWN", False),
+        ("IDLE+CLOUD+POWERED_DOWN", False),
+        ("IDLE+POWERING_DOWN", False),
+        ("ALLOCATED", False),
+    ],
+)
+def test_the_liveness_check_reads_slurms_flags_whole(state: str, dead: bool) -> None:
+    # A node switched off to save power is not a dead one (review of 2026-12-03).
+    assert slurm_says_dead(state) is dead

@@ -150,7 +150,9 @@ def test_rule_patterns_run_on_re2_unless_re2_cannot_express_them() -> None:
                 expressible = False
             assert needs_python_re(pattern.regex) is (not expressible), rule.id
             assert (pattern.regex in left_to_re) is (not expressible), rule.id
-    assert len(left_to_re) < 20  # lookarounds mostly; a new one is a choice, not a slip
+    # Lookarounds mostly; a new one is a choice, not a slip (the 20th: slurm's task launch
+    # failure without a revoked credential, 2026-12-03).
+    assert len(left_to_re) <= 20
     assert {rule for rule, _ in PLAIN.on_python_re} == {
         rule.id for rule in CATALOG.rules if rule.xid is None and rule.patterns
     }
