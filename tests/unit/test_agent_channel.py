@@ -325,6 +325,14 @@ def beat(table: AgentTable, agent: str = "a1", node: str = NODE) -> None:
     table.beat(node, wire.Heartbeat(node=node, agent=agent, interval=2.0), "127.0.0.1")
 
 
+def _node(state_text: str | None) -> SlurmNode | None:
+    """A node as the Slurm watcher sees it, from Slurm's 'STATE+FLAG' form."""
+    if state_text is None:
+        return None
+    state, *flags = state_text.split("+")
+    return SlurmNode(name=NODE, state=state, state_flags=flags)
+
+
 def detector(
     probe: Probe, jobs: list[str] | None = None, slurm: str | None = None
 ) -> tuple[NodeDeathDetector, AgentTable, Clock, ListSink]:
@@ -335,7 +343,7 @@ def detector(
         table,
         sink,
         jobs_on=lambda node: ["42"] if jobs is None else jobs,
-        slurm_state=lambda node: slurm,
+        slurm_node=lambda node: _node(slurm),
         probes=[probe],
         silence=6,
         probe_interval=1,

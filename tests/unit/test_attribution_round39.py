@@ -12,6 +12,7 @@ import pytest
 from tests.unit.attribution_support import diagnose
 from trainmedic.channel.liveness import slurm_says_dead
 from trainmedic.domain import Action, Category, SlurmObservation
+from trainmedic.domain.slurm import SlurmNode
 
 PREEMPTED = (
     "submitit WARNING (2022-07-12 04:18:45,881) - Caught signal SIGUSR1 on learnfair0293: "
@@ -566,4 +567,5 @@ def test_a_revoked_launch_credential_excludes_no_node(tmp_path: Path) -> None:
 )
 def test_the_liveness_check_reads_slurms_flags_whole(state: str, dead: bool) -> None:
     # A node switched off to save power is not a dead one (review of 2026-12-03).
-    assert slurm_says_dead(state) is dead
+    base, *flags = state.split("+")
+    assert slurm_says_dead(SlurmNode(name="gpu03", state=base, state_flags=flags)) is dead

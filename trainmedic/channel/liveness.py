@@ -41,21 +41,20 @@ from trainmedic.channel import wire
 from trainmedic.domain.diagnosis import Evidence
 from trainmedic.domain.enums import EvidenceSource
 from trainmedic.domain.incident import IncidentSignal
+from trainmedic.domain.slurm import NodeStates
 from trainmedic.watchers.base import SignalSink
 
 logger = logging.getLogger(__name__)
 
 SOURCE = EvidenceSource.AGENT_HEARTBEAT.value
-_SLURM_DEAD = frozenset({"DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL"})
 
 
-def slurm_says_dead(state_text: str) -> bool:
-    """Slurm's node state ("IDLE*+NOT_RESPONDING", "MIXED+DRAIN+POWER_DOWN") holds a
-    whole state or flag of a dead node. Not a substring: the power-saving flags
-    POWER_DOWN, POWERING_DOWN and POWERED_DOWN end in DOWN and name a node switched
-    off on purpose (review of 2026-12-03)."""
-    parts = (part.strip().upper().rstrip("*~#%$@^-!") for part in state_text.split("+"))
-    return any(part in _SLURM_DEAD for part in parts)
+def slurm_says_dead(node: NodeStates) -> bool:
+    """Slurm has the node down (base state DOWN, a FAIL flag) or not responding. Read
+    from its state and flags, not a substring of their text: the power-saving flags
+    POWER_DOWN, POWERING_DOWN and POWERED_DOWN name a node switched off on purpose
+    (review of 2026-12-03)."""
+    return node.is_down or node.not_responding
 
 
 @dataclass(slots=True)
@@ -264,7 +263,7 @@ class NodeDeathDetector:
         sink: SignalSink,
         *,
         jobs_on: Callable[[str], list[str]],
-        slurm_state: Callable[[str], str | None] | None = None,
+        slurm_node: Callable[[str], NodeStates | None] | None = None,
         probes: Iterable[NodeProbe] = (),
         silence: float = 6.0,
         probe_interval: float = 1.0,
@@ -275,7 +274,7 @@ class NodeDeathDetector:
         self.table = table
         self.sink = sink
         self.jobs_on = jobs_on
-        self.slurm_state = slurm_state
+        self.slurm_node = slurm_node
         self.probes = list(probes)
         self.silence = silence
         self.probe_interval = probe_interval
@@ -342,8 +341,8 @@ class NodeDeathDetector:
 
     async def _judge(self, state: AgentState, jobs: list[str]) -> IncidentSignal | None:
         results = await asyncio.gather(*(p.probe(state) for p in self.probes))
-        slurm = self.slurm_state(state.node) if self.slurm_state else None
-        slurm_agrees = bool(slurm) and slurm_says_dead(slurm or "")
+        slurm = self.slurm_node(state.node) if self.slurm_node else None
+        slurm_agrees = slurm is not None and slurm_says_dead(slurm)
         decisive = [r for p, r in zip(self.probes, results, strict=True) if p.decisive]
         failed = any(r.answered is False for r in decisive)
         answered = any(r.answered is True for r in decisive)
@@ -367,8 +366,8 @@ class NodeDeathDetector:
         self.table.counters["confirmed"] += 1
         silent = self.table.clock() - state.last_seen
         why = [r.detail for r in results if r.answered is not None]
-        if slurm_agrees:
-            why.insert(0, f"Slurm shows it {slurm}")
+        if slurm_agrees and slurm is not None:
+            why.insert(0, f"Slurm shows it {slurm.state_text}")
         elif state.failures > 1:
             why.append(f"{state.failures} probes in a row")
         job_text = ",".join(jobs[:20])

@@ -47,7 +47,7 @@ from trainmedic.channel.receiver import AgentReceiver
 from trainmedic.config import Settings
 from trainmedic.domain import EvidenceSource
 from trainmedic.domain.incident import IncidentSignal
-from trainmedic.domain.slurm import SlurmJob
+from trainmedic.domain.slurm import NodeStates, SlurmJob
 from trainmedic.errors import ConfigError
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.logs import LogWatchConfig, LogWatcher
@@ -381,16 +381,15 @@ def build_agent_channel(
                         running.setdefault(name, []).append(job.job_id)
         return running.get(node, [])
 
-    def slurm_state(node: str) -> str | None:
+    def slurm_node(node: str) -> NodeStates | None:
         view = watcher.view
-        found = view.nodes.get(node) if view is not None else None
-        return found.state_text if found is not None else None
+        return view.nodes.get(node) if view is not None else None
 
     liveness = NodeDeathDetector(
         table,
         held,
         jobs_on=jobs_on,
-        slurm_state=slurm_state,
+        slurm_node=slurm_node,
         probes=probes,
         silence=settings.agent_silence.total_seconds(),
         probe_interval=settings.agent_probe_interval.total_seconds(),
