@@ -489,26 +489,7 @@ class Attributor:
             # the direct cause of" a failed load, review 25): whether that one passes on a
             # retry is for a person, so the wrapper does not stop the job.
             action, transient = Action.ESCALATE, None
-        if (
-            action is Action.ESCALATE
-            and rule.blames_node
-            and (
-                proof := next(
-                    (
-                        f
-                        for f in same
-                        if f.rule.action is Action.DRAIN_AND_RESTART
-                        and f.rule.blames_node
-                        and f.evidence.node
-                        and f.evidence.node == primary.evidence.node
-                    ),
-                    None,
-                )
-            )
-        ):
-            # The failure a person would look at comes with the node's own hardware line of
-            # the same kind (an adapter's port error or cable fault under its completion
-            # errors): that line is the proof that drains it (self-written case 015).
+        if action is Action.ESCALATE and (proof := _hardware_proof(primary, same)):
             action, transient = Action.DRAIN_AND_RESTART, False
             notes.append(f"with {proof.rule.title} on {proof.evidence.node}")
         nodes: list[str] = []
@@ -797,6 +778,25 @@ def _error_before_time_limit(roots: list[Finding], findings: list[Finding]) -> F
         if not teardown:
             return f
     return None
+
+
+def _hardware_proof(primary: Finding, same: list[Finding]) -> Finding | None:
+    """A line of the same kind as the node-blaming failure a person would look at, from
+    the same node, whose own rule drains it: the node's hardware line (an adapter's port
+    error or cable fault under its completion errors) that proves the drain
+    (self-written case 015)."""
+    if not primary.rule.blames_node or not primary.evidence.node:
+        return None
+    return next(
+        (
+            f
+            for f in same
+            if f.rule.action is Action.DRAIN_AND_RESTART
+            and f.rule.blames_node
+            and f.evidence.node == primary.evidence.node
+        ),
+        None,
+    )
 
 
 def _requeue_not_done_before_time_limit(roots: list[Finding]) -> Finding | None:
