@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainmedic.config import parse_policy
 from trainmedic.domain import Action, Category, Diagnosis, Evidence, EvidenceSource, Mode
-from trainmedic.domain.incident import EffectKind, EffectStatus, IncidentSignal
+from trainmedic.domain.incident import NODE_EVIDENCE, EffectKind, EffectStatus, IncidentSignal
 from trainmedic.domain.slurm import SlurmJob, SlurmNode
 from trainmedic.workflows.planning import (
     cause_key,
@@ -193,6 +193,12 @@ def test_a_running_job_is_left_alone_on_its_own_output() -> None:
     assert running_job_untouched(running, [line, hang]) is None
     assert running_job_untouched(running, [line, kernel]) is None
     assert running_job_untouched(running, []) is None  # started by an operator
+    # A node finding that leaves the node fit (an Xid 13, a kernel OOM kill) likewise.
+    finding = IncidentSignal(source="kernel", kind=NODE_EVIDENCE, job_id="42")
+    why = running_job_untouched(running, [line, finding])
+    assert why is not None and "node findings that leave its nodes fit" in why
+    assert running_job_untouched(JOB, [finding]) is None
+    assert running_job_untouched(running, [finding, hang]) is None
 
 
 def test_drain_reasons_carry_no_control_characters() -> None:

@@ -16,6 +16,12 @@ from trainmedic.domain.diagnosis import Diagnosis, Evidence
 from trainmedic.domain.enums import Mode, Outcome, Stage
 from trainmedic.domain.slurm import EffectResult
 
+# A node agent's finding handed to a job that runs on the node, when the finding does not
+# show the node unfit (an Xid the application is told of and may survive, a kernel OOM
+# kill that may have hit another job's process): evidence for that job's incident should
+# the job fail, never the reason to open one (workers/detection.py NodeFanout).
+NODE_EVIDENCE = "node_evidence"
+
 
 class IncidentSignal(BaseModel):
     """One report that something failed: from a watcher, an epilog, or a person."""

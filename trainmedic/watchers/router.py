@@ -15,7 +15,8 @@ signal-with-start on it, so all reports of one failure land in one RecoveryWorkf
   and is otherwise noted. Its progress marker is remembered and handed to the job's
   next incident, so the restart budget can tell progress, and so is `run_started` (where
   a requeued job's new run begins in its log files), so attribution reads only the
-  failed run's lines;
+  failed run's lines. `node_evidence`, a node agent's finding that leaves the node fit,
+  handed to each job on the node (workers/detection.py NodeFanout), waits the same way;
 - node-only signals (a node down with no job on it) -> one NodeQuarantineWorkflow per
   node, `node-<cluster>-<node>`;
 - `node_drained_by_admin`, `job_requeued`, `job_held`, `job_cancelled`,
@@ -50,7 +51,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from trainmedic.adapters.slurm.protocol import CommandRunner, SlurmBackend
 from trainmedic.adapters.slurm.runner import LocalRunner
 from trainmedic.config import Settings
-from trainmedic.domain.incident import IncidentInput, IncidentSignal
+from trainmedic.domain.incident import NODE_EVIDENCE, IncidentInput, IncidentSignal
 from trainmedic.errors import DeliveryError
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.epilog import EpilogSpool, spool_dir
@@ -70,9 +71,9 @@ JobRunLookup = Callable[[str], int | None]
 NOTED_KINDS = frozenset(
     {"node_drained_by_admin", "job_requeued", "job_held", "job_cancelled", "node_not_responding"}
 )
-# A line in the job's own output, or where a run's output starts: evidence for an
-# incident, never the reason to open one.
-EVIDENCE_ONLY_KINDS = frozenset({"log_match", "run_started"})
+# A line in the job's own output, where a run's output starts, or a node finding that
+# leaves the job's node fit: evidence for an incident, never the reason to open one.
+EVIDENCE_ONLY_KINDS = frozenset({"log_match", "run_started", NODE_EVIDENCE})
 _WAITING_PER_JOB = 8  # evidence-only reports kept per job until its incident opens
 # Signals that say a node itself failed: they count toward a storm.
 NODE_FAILURE_KINDS = frozenset({"node_down", "node_failed"})
@@ -247,7 +248,7 @@ class IncidentRouter:
             if len(self.waiting) > 20_000:
                 del self.waiting[next(iter(self.waiting))]
             logger.info(
-                "router: noted %s in job %s's output (no failure reported for run %s): %s",
+                "router: noted %s for job %s (no failure reported for run %s): %s",
                 signal.kind,
                 job_id,
                 signal.run if signal.run is not None else "?",

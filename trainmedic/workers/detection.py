@@ -36,6 +36,8 @@ from temporalio.client import Client
 
 from trainmedic.adapters.nvml.protocol import NvmlBackend
 from trainmedic.adapters.slurm import SlurmBackend, SlurmError
+from trainmedic.catalog.loader import load_catalog
+from trainmedic.catalog.matcher import Matcher
 from trainmedic.channel.liveness import (
     AgentProbe,
     AgentTable,
@@ -46,7 +48,8 @@ from trainmedic.channel.liveness import (
 from trainmedic.channel.receiver import AgentReceiver
 from trainmedic.config import Settings
 from trainmedic.domain import EvidenceSource
-from trainmedic.domain.incident import IncidentSignal
+from trainmedic.domain.enums import Action, Role
+from trainmedic.domain.incident import NODE_EVIDENCE, IncidentSignal
 from trainmedic.domain.slurm import NodeStates, SlurmJob
 from trainmedic.errors import ConfigError
 from trainmedic.watchers.base import SignalSink
@@ -84,6 +87,8 @@ NODE_SOURCES = frozenset(
         EvidenceSource.AGENT_HEARTBEAT.value,
     }
 )
+# The controller's verdict that a node died (channel/liveness.py): its jobs cannot go on.
+NODE_DOWN_KINDS = frozenset({"node_down"})
 
 
 class InProcessAgent(NamedTuple):
@@ -97,16 +102,30 @@ class InProcessAgent(NamedTuple):
 
 class NodeFanout:
     """A SignalSink in front of the router: a kernel/NVML signal about a node becomes one
-    signal per job running there (with its run), plus the node's own (its quarantine)."""
+    signal per job running there (with its run), plus the node's own (its quarantine).
 
-    def __init__(self, router: SignalSink, watcher: SlurmWatcher) -> None:
+    A job on the node is told as a failure only when the finding shows the node unfit:
+    the node died, or a line whose rule takes the node out (an Xid 79, an uncorrectable
+    ECC error, an NVLink fault). Any other finding (an Xid the application is told of
+    and may survive or die of, a kernel OOM kill that may have hit another job's
+    process on a shared node) reaches the job as `node_evidence`: it joins the job's
+    incident if Slurm reports the job failed, and opens nothing while the job runs.
+    Opening one would act on a running job on a guess, and would close its run's
+    incident before the job's real failure could arrive.
+    """
+
+    def __init__(
+        self, router: SignalSink, watcher: SlurmWatcher, matcher: Matcher | None = None
+    ) -> None:
         self._router = router
         self._watcher = watcher
+        self._matcher = matcher or Matcher(load_catalog())
 
     async def submit(self, signal: IncidentSignal) -> None:
         if signal.job_id is None and signal.source in NODE_SOURCES and signal.nodes:
             view = self._watcher.view
             if view is not None:
+                kind = signal.kind if self.shows_node_unfit(signal) else NODE_EVIDENCE
                 seen: set[str] = set()
                 for jobs in view.jobs_on(signal.nodes).values():
                     for job in jobs:
@@ -114,9 +133,24 @@ class NodeFanout:
                             continue
                         seen.add(job.job_id)
                         await self._router.submit(
-                            signal.model_copy(update={"job_id": job.job_id, "run": job.restarts})
+                            signal.model_copy(
+                                update={"job_id": job.job_id, "run": job.restarts, "kind": kind}
+                            )
                         )
         await self._router.submit(signal)
+
+    def shows_node_unfit(self, signal: IncidentSignal) -> bool:
+        """The node is dead, or a line of the finding matches a rule that drains it.
+
+        The controller's catalog reads the lines again: the agent's rule ids may come
+        from an older catalog, and a line no rule here knows shows nothing."""
+        if signal.kind in NODE_DOWN_KINDS:
+            return True
+        for evidence in signal.evidence:
+            for match in self._matcher.match(evidence.text, evidence.source):
+                if match.rule.role is Role.ROOT and match.rule.action is Action.DRAIN_AND_RESTART:
+                    return True
+        return False
 
 
 class SignalSpool:

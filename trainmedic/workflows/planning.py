@@ -7,7 +7,13 @@ import re
 from trainmedic.config import Policy
 from trainmedic.domain.diagnosis import Diagnosis
 from trainmedic.domain.enums import ISOLATING, RESTART_FAMILY, Action, EvidenceSource, Mode
-from trainmedic.domain.incident import EffectKind, EffectStatus, IncidentSignal, PlannedEffect
+from trainmedic.domain.incident import (
+    NODE_EVIDENCE,
+    EffectKind,
+    EffectStatus,
+    IncidentSignal,
+    PlannedEffect,
+)
 from trainmedic.domain.slurm import OUR_REASON_PREFIX, SlurmJob, SlurmNode
 from trainmedic.domain.slurm import is_ours as is_ours  # the one test, kept importable here
 
@@ -27,8 +33,6 @@ TRUSTED_SOURCES = frozenset(
         EvidenceSource.AGENT_HEARTBEAT,
     }
 )
-# Signals that say a job is failing, as opposed to a line its output printed.
-_EVIDENCE_ONLY_SIGNALS = frozenset({"log_match"})
 _REASON_CHARS = re.compile(r"[^\x20-\x7e]+")
 
 
@@ -97,17 +101,32 @@ def running_job_untouched(job: SlurmJob | None, signals: list[IncidentSignal]) -
     """Why a running job must be left alone, or None.
 
     A running job is acted on only when something says it is failing: Slurm, the
-    epilog, a hang, a node agent, an operator. Lines matched in its own output while
-    it runs and progresses are what real jobs print by the hundred (issue 9.9).
+    epilog, a hang, a node agent showing its node unfit, an operator. Lines matched in
+    its own output while it runs and progresses are what real jobs print by the hundred
+    (issue 9.9); a node finding that leaves the node fit may be about another job's
+    process, and the job's own failure, if it comes, is reported by Slurm.
     """
     if job is None or not job.is_running or not signals:
         return None
-    if all(s.kind in _EVIDENCE_ONLY_SIGNALS and s.source == "log" for s in signals):
+    if all(_evidence_only(s) for s in signals):
+        what = (
+            "lines in its own output"
+            if all(s.kind == "log_match" for s in signals)
+            else "node findings that leave its nodes fit"
+        )
         return (
-            f"job {job.job_id} is running and nothing but lines in its own output was "
-            "reported; recorded as a note, no effect"
+            f"job {job.job_id} is running and nothing but {what} was reported; "
+            "recorded as a note, no effect"
         )
     return None
+
+
+def _evidence_only(signal: IncidentSignal) -> bool:
+    """A report that is evidence for a failure, not one: a line of the job's own output,
+    or a node finding that leaves the node fit."""
+    if signal.kind == "log_match":
+        return signal.source == "log"
+    return signal.kind == NODE_EVIDENCE
 
 
 def plan_effects(
