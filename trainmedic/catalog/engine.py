@@ -100,12 +100,10 @@ _MAX_STEP_SPREAD = 64
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 # The rule that marks the thread of NCCL's bootstrap remote-allocation service.
 _REM_ALLOCATOR = "nccl.rem_allocator_service"
-# Python printed an exception and went on: CPython's unraisable hook ("Exception ignored
-# in: ..."), whose traceback header is the next line, and NumPy 2's ABI warning, whose
-# own traceback comes under its paragraph of advice (this many lines at most).
-_SURVIVED_MARKER = "python.exception_survived"
-_UNRAISABLE = "Exception ignored in: "
-_SURVIVED_MARKER_LINES = 12
+# Python printed an exception and went on, and how many lines under the marker its
+# traceback header may come: CPython's unraisable hook ("Exception ignored in: ...") puts
+# it on the next line, NumPy 2's ABI warning under its paragraph of advice.
+_SURVIVED_MARKER_REACH = {"python.exception_unraisable": 1, "python.numpy1_extension": 12}
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
 _RUNTIME_ERROR_OTHER = "python.runtime_error_other"
 _EXCEPTION_OTHER = "python.exception_other"
@@ -900,7 +898,7 @@ def _survived_exceptions(findings: list[Finding]) -> list[Finding]:
     in:" (an exception in a finaliser, discarded) or NumPy 2's warning that an extension
     was built for NumPy 1 (the import is caught and the run goes on). Not a failure of the
     job, whatever its class says (review of 2026-12-03)."""
-    markers = [f for f in findings if f.rule.id == _SURVIVED_MARKER]
+    markers = [f for f in findings if f.rule.id in _SURVIVED_MARKER_REACH]
     if not markers:
         return []
     headers = [f for f in findings if f.rule.id == _TRACEBACK_HEADER]
@@ -924,7 +922,7 @@ def _first_header_under(marker: Finding, header: Finding, headers: list[Finding]
     file, at, line = marker.order[0], marker.order[1], header.order[1]
     if header.order[0] != file or marker.evidence.rank != header.evidence.rank:
         return False
-    reach = 1 if _UNRAISABLE in marker.evidence.text else _SURVIVED_MARKER_LINES
+    reach = _SURVIVED_MARKER_REACH[marker.rule.id]
     if not 0 < line - at <= reach:
         return False
     return not any(h.order[0] == file and at < h.order[1] < line for h in headers)
