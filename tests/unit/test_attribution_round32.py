@@ -355,7 +355,7 @@ def test_a_runtime_error_wrapping_an_unknown_exception_is_for_a_person(tmp_path:
     diagnosis = diagnose(
         tmp_path,
         [
-            "huggingface_hub.errors.HfHubHTTPError: 503 Server Error: Service Unavailable",
+            "shardio.errors.ShardServiceError: shard 17 unavailable",
             "",
             "The above exception was the direct cause of the following exception:",
             "",
