@@ -104,6 +104,13 @@ _REM_ALLOCATOR = "nccl.rem_allocator_service"
 # traceback header may come: CPython's unraisable hook ("Exception ignored in: ...") puts
 # it on the next line, NumPy 2's ABI warning under its paragraph of advice.
 _SURVIVED_MARKER_REACH = {"python.exception_unraisable": 1, "python.numpy1_extension": 12}
+# multiprocessing's spawned child unpickling its parent's data: the frame line right
+# above the error it raises when the parent is gone, and the rule that reads that error
+# (an EOFError, a truncated pickle) as a corrupt file. A MemoryError there is the child's
+# own (tune g-1050) and stays.
+_SPAWN_CHILD_UNPICKLING = "python.spawn_child_unpickling"
+_SPAWN_FRAME_LINES = 2
+_TRUNCATED_INPUT = "checkpoint.corrupt"
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
 _RUNTIME_ERROR_OTHER = "python.runtime_error_other"
 _EXCEPTION_OTHER = "python.exception_other"
@@ -407,7 +414,11 @@ class Attributor:
         # NCCL's service thread answering a peer.
         symptoms = [f for f in findings if _in_crash_dump(f, col.dump_headers)]
         symptoms += _of_service_threads(findings)
-        dropped = _survived_exceptions(findings) + _explained_node_deaths(findings)
+        dropped = (
+            _survived_exceptions(findings)
+            + _explained_node_deaths(findings)
+            + _orphaned_spawn_children(findings)
+        )
         demoted = {id(f) for f in symptoms + dropped}
         roots = [f for f in findings if f.rule.role is Role.ROOT and id(f) not in demoted]
         cascades = [f for f in findings if f.rule.role is Role.CASCADE and id(f) not in demoted]
@@ -912,6 +923,26 @@ def _survived_exceptions(findings: list[Finding]) -> list[Finding]:
         if any(_first_header_under(m, header, headers) for m in markers):
             survived.append(f)
     return survived
+
+
+def _orphaned_spawn_children(findings: list[Finding]) -> list[Finding]:
+    """A spawned child's input running short while it unpickled what its parent sent (an
+    EOFError, a truncated pickle): the parent went away mid-send, so it says nothing of
+    any file (tune g-1340, read as a corrupt checkpoint before)."""
+    frames = [f for f in findings if f.rule.id == _SPAWN_CHILD_UNPICKLING]
+    if not frames:
+        return []
+    return [
+        f
+        for f in findings
+        if f.rule.id == _TRUNCATED_INPUT
+        and any(
+            g.order[0] == f.order[0]
+            and g.evidence.rank == f.evidence.rank
+            and 0 < f.order[1] - g.order[1] <= _SPAWN_FRAME_LINES
+            for g in frames
+        )
+    ]
 
 
 def _first_header_under(marker: Finding, header: Finding, headers: list[Finding]) -> bool:
