@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from tests.integration.support import (
+    async_wait_for,
     job,
     node,
     record_history,
@@ -24,9 +25,10 @@ from tests.integration.support import (
 )
 from trainmedic.config import Settings
 from trainmedic.domain import Action, Category, Outcome
-from trainmedic.domain.incident import IncidentResult
-from trainmedic.lab import Lab
+from trainmedic.domain.incident import NODE_EVIDENCE, IncidentResult
+from trainmedic.lab import Lab, faults
 from trainmedic.lab.agents import in_process_agents
+from trainmedic.lab.faults import Fault
 from trainmedic.lab.workload import (
     TrainingSpec,
     checkpoint_dir,
@@ -178,6 +180,31 @@ async def test_fault_is_detected_attributed_and_recovered(
             assert "DRAIN" in state or "DOWN" in state, state
     else:
         assert job(clean_lab, job_id)["JobState"] in {"FAILED", "CANCELLED", "OUT_OF_MEMORY"}
+
+
+async def test_a_node_finding_that_leaves_the_node_fit_leaves_a_running_job_alone(
+    clean_lab: Lab, temporal_client: Client, detection: Detection
+) -> None:
+    """The kernel OOM-kills another process on the job's node (a shared node): the node
+    agent reports it, the job runs on. No incident opens for the job (a stop would have
+    cancelled a healthy run); the finding waits as evidence for the job's own failure."""
+    reset_nodes(clean_lab)
+    job_id, placed, _ = await train(clean_lab)
+    target = placed[1]
+    stranger = faults.kernel_lines(Fault.HOST_OOM, pid=424242, comm="other_users_job")
+    await asyncio.to_thread(faults.append_kernel, clean_lab.root, target, stranger)
+
+    def waiting_evidence() -> bool | None:
+        waiting = detection.router.waiting.get(job_id, ())
+        return any(s.kind == NODE_EVIDENCE and s.source == "kernel" for s in waiting) or None
+
+    await async_wait_for(waiting_evidence, "the node's finding to wait as evidence", 30)
+    await asyncio.sleep(3)  # what a wrongly opened incident would have used to start
+    assert not [
+        i for i in detection.router.started if i.startswith(f"incident-{CLUSTER}-{job_id}-")
+    ]
+    assert job(clean_lab, job_id)["JobState"] == "RUNNING"
+    clean_lab.run_client(["scancel", job_id])
 
 
 async def test_an_appending_job_gets_a_diagnosis_per_run(
