@@ -45,17 +45,115 @@ def test_the_leaders_own_error_explains_more_than_the_wait(tmp_path: Path) -> No
     assert diagnosis.action is Action.STOP
 
 
-def test_a_server_error_of_the_dataset_host_restarts(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path,
+# (what, the tool's lines, category, action, the rule that decides)
+IN_THE_TOOLS_OWN_WORDS = [
+    (
+        "hub-5xx",
         [
             "huggingface_hub.utils._errors.HfHubHTTPError: 500 Server Error: Internal Server "
             "Error for url: https://huggingface.co/datasets/a/b/resolve/91e6/train/"
             "train-02618-of-04012.parquet (Request ID: Root=1-65b18b81)",
         ],
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.RESTART)
-    assert diagnosis.transient is True
+        Category.DATA_LOADER,
+        Action.RESTART,
+        "dataloader.hub_server_error",
+    ),
+    (
+        "megatron-layout",
+        [
+            '  File "/ws/megatron/checkpointing.py", line 58, in _compare',
+            "    assert checkpoint_value == args_value, error_message",
+            "AssertionError: tensor_model_parallel_size value from checkpoint (1) is not equal "
+            "to the input argument value (2).",
+        ],
+        Category.CHECKPOINT,
+        Action.STOP,
+        "checkpoint.resume_mismatch",
+    ),
+    (
+        "xla-bfc",
+        [
+            "2025-08-05 12:33:53.958194: W external/xla/xla/tsl/framework/bfc_allocator.cc:501]"
+            " Allocator (GPU_2_bfc) ran out of memory trying to allocate 91.27GiB (rounded to"
+            " 98000028160)requested by op ",
+            "Current allocation summary follows.",
+        ],
+        Category.OOM_GPU,
+        Action.STOP,
+        "oom.gpu_torch",
+    ),
+    (
+        "tf1-oom",
+        [
+            "ResourceExhaustedError (see above for traceback): OOM when allocating tensor with"
+            " shape[256,112,112,64]",
+            '     [[Node: Conv2d_1a_7x7/BatchNorm = SquaredDifference[T=DT_FLOAT, _device="/job:'
+            'localhost/replica:0/task:0/gpu:0"](Conv2d_1a_7x7/Conv2D)]]',
+        ],
+        Category.OOM_GPU,
+        Action.STOP,
+        "oom.gpu_torch",
+    ),
+    (
+        "paddle-reader-killed",
+        [
+            "SystemError: (Fatal) DataLoader process (pid 1104) exited is killed by signal:"
+            " Killed. (at /paddle/paddle/fluid/imperative/data_loader.cc:181)",
+        ],
+        Category.OOM_HOST,
+        Action.STOP,
+        "dataloader.worker_killed",
+    ),
+    (
+        "lmdb-readers-full",
+        [
+            "lmdb.ReadersFullError: Caught ReadersFullError in DataLoader worker process 0.",
+            "Original Traceback (most recent call last):",
+            "lmdb.ReadersFullError: mdb_txn_begin: MDB_READERS_FULL: Environment maxreaders"
+            " limit reached",
+        ],
+        Category.DATA_LOADER,
+        Action.STOP,
+        "dataloader.lmdb_readers_full",
+    ),
+    (
+        "imageio-unreadable",
+        ["ValueError: Could not find a format to read the specified file in mode 'i'"],
+        Category.DATA_LOADER,
+        Action.STOP,
+        "dataloader.unreadable_sample",
+    ),
+    (
+        "deepspeed-cublas",
+        ["!!!! kernel execution error. (m: 768, n: 1, k: 256, error: 13) "] * 3,
+        Category.CUDA_SOFTWARE,
+        Action.ESCALATE,
+        "cuda.library_failure",
+    ),
+    (
+        "thc-cuda-runtime-error",
+        [
+            "RuntimeError: cuda runtime error (101) : invalid device ordinal at"
+            " /opt/pytorch/pytorch/torch/csrc/cuda/Module.cpp:33",
+        ],
+        Category.CUDA_SOFTWARE,
+        Action.ESCALATE,
+        "cuda.generic_error",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "category", "action", "rule"),
+    [case[1:] for case in IN_THE_TOOLS_OWN_WORDS],
+    ids=[case[0] for case in IN_THE_TOOLS_OWN_WORDS],
+)
+def test_each_tools_own_words_decide(
+    tmp_path: Path, lines: list[str], category: Category, action: Action, rule: str
+) -> None:
+    diagnosis = diagnose(tmp_path, lines)
+    assert (diagnosis.category, diagnosis.action) == (category, action), diagnosis.rule_ids
+    assert diagnosis.rule_ids[0] == rule
 
 
 def test_the_programs_retries_around_a_server_error_do_not_make_it_a_bug(tmp_path: Path) -> None:
@@ -88,33 +186,6 @@ def test_a_client_error_of_the_dataset_host_is_not_a_server_error(tmp_path: Path
     assert diagnosis.action is not Action.RESTART
 
 
-def test_a_checkpoint_saved_with_another_parallel_layout_stops(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path,
-        [
-            '  File "/ws/megatron/checkpointing.py", line 58, in _compare',
-            "    assert checkpoint_value == args_value, error_message",
-            "AssertionError: tensor_model_parallel_size value from checkpoint (1) is not equal "
-            "to the input argument value (2).",
-        ],
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.CHECKPOINT, Action.STOP)
-    assert diagnosis.rule_ids[0] == "checkpoint.resume_mismatch"
-
-
-def test_the_bfc_allocator_giving_up_on_a_gpu_is_a_gpu_oom(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path,
-        [
-            "2025-08-05 12:33:53.958194: W external/xla/xla/tsl/framework/bfc_allocator.cc:501]"
-            " Allocator (GPU_2_bfc) ran out of memory trying to allocate 91.27GiB (rounded to"
-            " 98000028160)requested by op ",
-            "Current allocation summary follows.",
-        ],
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.STOP)
-
-
 def test_the_bfc_allocators_retry_is_no_failure(tmp_path: Path) -> None:
     diagnosis = diagnose(
         tmp_path,
@@ -126,19 +197,6 @@ def test_the_bfc_allocators_retry_is_no_failure(tmp_path: Path) -> None:
         ],
     )
     assert diagnosis.category is Category.UNKNOWN
-
-
-def test_tensorflow_1s_oom_names_no_device_on_its_line(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path,
-        [
-            "ResourceExhaustedError (see above for traceback): OOM when allocating tensor with"
-            " shape[256,112,112,64]",
-            '     [[Node: Conv2d_1a_7x7/BatchNorm = SquaredDifference[T=DT_FLOAT, _device="/job:'
-            'localhost/replica:0/task:0/gpu:0"](Conv2d_1a_7x7/Conv2D)]]',
-        ],
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.OOM_GPU, Action.STOP)
 
 
 def test_a_cpp_allocation_failure_is_for_a_person(tmp_path: Path) -> None:
@@ -153,70 +211,6 @@ def test_a_cpp_allocation_failure_is_for_a_person(tmp_path: Path) -> None:
     assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.ESCALATE)
     # Python's MemoryError still stops: the program's own allocation on the host.
     assert diagnose(tmp_path, ["MemoryError"]).action is Action.STOP
-
-
-def test_paddles_reader_killed_is_host_memory(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path,
-        [
-            "SystemError: (Fatal) DataLoader process (pid 1104) exited is killed by signal:"
-            " Killed. (at /paddle/paddle/fluid/imperative/data_loader.cc:181)",
-        ],
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
-
-
-def test_lmdbs_full_reader_table_stops_the_chain(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path,
-        [
-            "lmdb.ReadersFullError: Caught ReadersFullError in DataLoader worker process 0.",
-            "Original Traceback (most recent call last):",
-            "lmdb.ReadersFullError: mdb_txn_begin: MDB_READERS_FULL: Environment maxreaders"
-            " limit reached",
-        ],
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
-
-
-def test_an_image_imageio_cannot_read_is_the_datas(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path, ["ValueError: Could not find a format to read the specified file in mode 'i'"]
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.DATA_LOADER, Action.STOP)
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
-        "*** Error in `python': malloc(): smallbin double linked list corrupted: 0x00007f9d ***",
-        "double free or corruption (!prev)",
-        "[rank2]: free(): invalid pointer",
-    ],
-)
-def test_heap_corruption_is_for_a_person(tmp_path: Path, line: str) -> None:
-    diagnosis = diagnose(tmp_path, [line, "Signal: Aborted (6)"])
-    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.ESCALATE)
-
-
-def test_deepspeeds_cublas_wrapper_failing_is_a_library_failure(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path, ["!!!! kernel execution error. (m: 768, n: 1, k: 256, error: 13) "] * 3
-    )
-    assert (diagnosis.category, diagnosis.action) == (Category.CUDA_SOFTWARE, Action.ESCALATE)
-    assert diagnosis.rule_ids[0] == "cuda.library_failure"
-
-
-def test_old_pytorchs_cuda_runtime_error_is_a_cuda_error(tmp_path: Path) -> None:
-    diagnosis = diagnose(
-        tmp_path,
-        [
-            "RuntimeError: cuda runtime error (101) : invalid device ordinal at"
-            " /opt/pytorch/pytorch/torch/csrc/cuda/Module.cpp:33",
-        ],
-    )
-    assert diagnosis.category is Category.CUDA_SOFTWARE
-    assert diagnosis.action is Action.ESCALATE
 
 
 SPAWN_CHILD = [
@@ -269,3 +263,17 @@ def test_a_mount_that_lost_its_server_is_still_storage(tmp_path: Path) -> None:
         tmp_path, ["OSError: [Errno 107] Transport endpoint is not connected: '/mnt/data'"]
     )
     assert diagnosis.category is Category.STORAGE_IO
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "*** Error in `python': malloc(): smallbin double linked list corrupted: 0x00007f9d ***",
+        "double free or corruption (!prev)",
+        "[rank2]: free(): invalid pointer",
+    ],
+)
+def test_heap_corruption_is_for_a_person(tmp_path: Path, line: str) -> None:
+    diagnosis = diagnose(tmp_path, [line, "Signal: Aborted (6)"])
+    assert (diagnosis.category, diagnosis.action) == (Category.USER_CODE, Action.ESCALATE)
+    assert diagnosis.rule_ids[0] == "proc.heap_corruption"
