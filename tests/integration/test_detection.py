@@ -195,7 +195,7 @@ async def test_a_node_finding_that_leaves_the_node_fit_leaves_a_running_job_alon
     await asyncio.to_thread(faults.append_kernel, clean_lab.root, target, stranger)
 
     def waiting_evidence() -> bool | None:
-        waiting = detection.router.waiting.get(job_id, ())
+        waiting = detection.router.node_waiting.get(job_id, ())
         return any(s.kind == NODE_EVIDENCE and s.source == "kernel" for s in waiting) or None
 
     await async_wait_for(waiting_evidence, "the node's finding to wait as evidence", 30)

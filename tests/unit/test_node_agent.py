@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_node_fanout import Watcher
+from tests.unit.test_router import Clock, FakeClient, router
 from trainmedic.adapters.nvml import FakeNvml, RecoveryAction
 from trainmedic.catalog import Matcher, load_catalog
 from trainmedic.domain.enums import EvidenceSource
 from trainmedic.lab import faults
 from trainmedic.watchers.base import ListSink
 from trainmedic.watchers.node import MAX_LINE, KernelLogTail, NodeAgent, pci_key, render_kmsg
+from trainmedic.workers.detection import NodeFanout
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +254,32 @@ def test_kernel_tail_of_a_line_cut_across_polls_gives_its_head_once(tmp_path: Pa
     _append(log, b"BBB\nnext\n")
     assert [(x.text, x.line_no) for x in tail.poll()] == [("next", 2)]
     tail.close()
+
+
+async def test_a_flood_of_lesser_lines_does_not_hide_the_one_that_drains(
+    tmp_path: Path, matcher: Matcher
+) -> None:
+    """One Xid 13 prints a line per SM; the Xid 79 after forty of them is what says the
+    node lost a GPU, and it must be among the lines the agent sends."""
+    kern = tmp_path / "kern.log"
+    kern.write_text("")
+    sink = ListSink()
+    agent = NodeAgent("gpu02", sink, kernel=kern, matcher=matcher)
+    assert await agent.poll_kernel() == []  # the tail starts at the log's end
+    xid13 = [
+        f"NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics SM Warp Exception on"
+        f" (GPC {n // 8}, TPC {n % 8}, SM 0): Out Of Range Address"
+        for n in range(40)
+    ]
+    with kern.open("a") as handle:
+        for line in [*xid13, *faults.kernel_lines(faults.Fault.XID79, pid=4242, node="gpu02")]:
+            handle.write(f"[  100.000000] {line}\n")
+    [signal] = await agent.poll_kernel()
+    texts = [e.text for e in signal.evidence]
+    assert len(texts) <= 32
+    xids = [t for t in texts if "): 79, " in t or "): 13, " in t]
+    # Kept, and in the log's order: the Xid 13 lines that made the cut come before it.
+    assert "): 79, pid=4242" in xids[-1]
+    assert all("): 13, " in t for t in xids[:-1])
+    fanout = NodeFanout(router(FakeClient(), Clock()), Watcher(None))
+    assert fanout.shows_node_unfit(signal)

@@ -8,6 +8,7 @@ what is asserted is which workflows start and what they receive.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from temporalio.common import WorkflowIDReusePolicy
 
@@ -17,6 +18,7 @@ from trainmedic.domain import EvidenceSource
 from trainmedic.domain.diagnosis import Evidence
 from trainmedic.domain.incident import NODE_EVIDENCE, IncidentSignal
 from trainmedic.lab.faults import Fault, kernel_lines
+from trainmedic.watchers.router import NODE_EVIDENCE_HORIZON
 from trainmedic.workers.detection import NodeFanout
 from trainmedic.workflows.quarantine import QuarantineInput
 
@@ -85,7 +87,7 @@ async def test_a_finding_that_leaves_the_node_fit_waits_for_the_jobs_own_failure
     # Only the node's own report opens anything: its quarantine.
     assert client.ids() == ["node-lab-gpu02"] * 2
     assert all(isinstance(c.arg, QuarantineInput) for c in client.calls)
-    waiting = routed.waiting["42"]
+    waiting = routed.node_waiting["42"]
     assert [(s.kind, s.run) for s in waiting] == [(NODE_EVIDENCE, 2), (NODE_EVIDENCE, 2)]
 
     # Job 42's run fails: one incident, with the node's findings as its evidence.
@@ -137,3 +139,62 @@ def test_only_lines_this_catalog_drains_on_show_a_node_unfit() -> None:
         ],
     )
     assert fanout.shows_node_unfit(lost)
+
+
+def test_a_dead_node_is_the_controllers_word_not_an_agents() -> None:
+    fanout = NodeFanout(router(FakeClient(), Clock()), cluster())
+    said = IncidentSignal(source="kernel", kind="node_down", nodes=["gpu03"], detail="dead")
+    assert not fanout.shows_node_unfit(said)
+
+
+async def test_a_finding_survives_the_jobs_own_log_lines_and_a_resend() -> None:
+    """The job's ranks print a line per watcher cycle while they wait out the collective
+    timeout; the kernel's line must still reach the incident, once however often the
+    agent's report was delivered again after Temporal was away."""
+    client, clock = FakeClient(), Clock()
+    routed = router(client, clock)
+    fanout = NodeFanout(routed, cluster(*SHARED))
+    finding = kernel_signal("gpu02", [XID_13])
+    for _ in range(3):  # the first delivery and two resends
+        await fanout.submit(finding)
+    for _ in range(12):
+        await routed.submit(
+            IncidentSignal(source="log", kind="log_match", job_id="42", run=2, detail="timeout")
+        )
+    await routed.submit(IncidentSignal(source="slurm", kind="job_failed", job_id="42", run=2))
+    kinds = [
+        c.kwargs["start_signal_args"][0].kind for c in client.calls if c.id == "incident-lab-42-3"
+    ]
+    assert kinds.count(NODE_EVIDENCE) == 1
+
+
+async def test_an_old_finding_decides_no_later_failure() -> None:
+    """Another job's OOM kill hours ago on a shared node must not make this job's
+    network failure a host OOM."""
+    client, clock = FakeClient(), Clock()
+    wall = [1_000_000.0]
+    routed = router(client, clock, wall_clock=lambda: wall[0])
+    fanout = NodeFanout(routed, cluster(*SHARED))
+    oom = kernel_signal("gpu02", kernel_lines(Fault.HOST_OOM, pid=777), kind="kernel_error")
+    oom = oom.model_copy(update={"at": datetime.fromtimestamp(wall[0], UTC)})
+    await fanout.submit(oom)
+    wall[0] += NODE_EVIDENCE_HORIZON.total_seconds() + 60
+    await routed.submit(IncidentSignal(source="slurm", kind="job_failed", job_id="42", run=2))
+    sent = [c.kwargs["start_signal_args"][0] for c in client.calls if c.id == "incident-lab-42-3"]
+    assert [s.kind for s in sent] == ["job_failed"]
+
+
+async def test_a_late_finding_reaches_its_runs_incident_past_the_window() -> None:
+    client, clock = FakeClient(), Clock()
+    routed = router(client, clock)
+    fanout = NodeFanout(routed, cluster(*SHARED))
+    await routed.submit(IncidentSignal(source="slurm", kind="job_failed", job_id="42", run=2))
+    clock.now += 600  # the incident's window is long past; it still runs (approval)
+    await fanout.submit(kernel_signal("gpu02", [XID_13]))
+    late = [c for c in client.calls if c.id == "incident-lab-42-3"]
+    assert [c.kwargs["start_signal_args"][0].kind for c in late] == ["job_failed", NODE_EVIDENCE]
+    # A closed incident refuses it: nothing new opens for that run.
+    client.closed.add("incident-lab-42-3")
+    await fanout.submit(kernel_signal("gpu02", [XID_13.replace("13,", "31,")]))
+    assert routed.rejected == ["incident-lab-42-3"]
+    assert client.ids().count("incident-lab-42-3") == 2

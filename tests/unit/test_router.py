@@ -61,11 +61,13 @@ def router(
         "lab",
         "tq",
         window=timedelta(seconds=60),
-        clock=clock,
-        wall_clock=lambda: 5.0,
-        run_lookup=(lookup or {}).get,
-        quarantine_task_queue="tq-q",
-        **kw,
+        **{
+            "clock": clock,
+            "wall_clock": lambda: 5.0,
+            "run_lookup": (lookup or {}).get,
+            "quarantine_task_queue": "tq-q",
+            **kw,
+        },
     )
 
 

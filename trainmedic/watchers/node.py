@@ -37,7 +37,7 @@ from trainmedic.adapters.nvml.protocol import (
 from trainmedic.catalog import Matcher, load_catalog
 from trainmedic.catalog.matcher import LineMatch
 from trainmedic.domain.diagnosis import Evidence
-from trainmedic.domain.enums import EvidenceSource, Role
+from trainmedic.domain.enums import Action, EvidenceSource, Role
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.tail import Block, FileTail
@@ -239,6 +239,22 @@ def pci_key(bus_id: str) -> tuple[int, str, str] | None:
         return None
 
 
+def _evidence_weight(matches: list[LineMatch]) -> int:
+    """How much a kernel line says of its node: a line whose rule drains it, then one
+    whose rule is a root, then the rest (lower comes first)."""
+    if any(m.rule.role is Role.ROOT and m.rule.action is Action.DRAIN_AND_RESTART for m in matches):
+        return 0
+    return 1 if any(m.rule.role is Role.ROOT for m in matches) else 2
+
+
+def _strongest(found: list[tuple[int, int, Evidence]]) -> list[Evidence]:
+    """At most _MAX_EVIDENCE lines, the weightiest first chosen, in the log's order: one
+    Xid 13 prints a line per SM, and 40 of them must not push out the Xid 79 after them,
+    which is what says the node is unfit (workers/detection.py NodeFanout)."""
+    kept = sorted(found, key=lambda f: (f[0], f[1]))[:_MAX_EVIDENCE]
+    return [evidence for _, _, evidence in sorted(kept, key=lambda f: f[1])]
+
+
 class NodeAgent:
     """Watches one node. `run()` until cancelled or `stop` is set; `poll_kernel()` and
     `poll_nvml()` do one round each (tests, benchmarks)."""
@@ -279,7 +295,8 @@ class NodeAgent:
         if self.kernel is None:
             return []
         lines = await asyncio.to_thread(self.kernel.poll)
-        evidence: list[Evidence] = []
+        # (weight, line's place, evidence): past the cap, the lines that say most are kept
+        found: list[tuple[int, int, Evidence]] = []
         has_root = False
         xids: list[int] = []
         descriptions: list[str] = []
@@ -295,8 +312,10 @@ class NodeAgent:
                 xids.append(xid)
             if first.rule.description and first.rule.description not in descriptions:
                 descriptions.append(first.rule.description)
-            if len(evidence) < _MAX_EVIDENCE:
-                evidence.append(
+            found.append(
+                (
+                    _evidence_weight(matches),
+                    len(found),
                     Evidence(
                         source=EvidenceSource.KERNEL,
                         text=line.text,
@@ -305,10 +324,12 @@ class NodeAgent:
                         rule_id=first.rule.id,
                         node=self.node,
                         gpu=self._gpu_of(pci),
-                    )
+                    ),
                 )
+            )
         if not has_root:
             return []
+        evidence = _strongest(found)
         kind = "kernel_xid" if xids else "kernel_error"
         what = f"Xid {', '.join(str(x) for x in dict.fromkeys(xids))}" if xids else "kernel error"
         signal = IncidentSignal(

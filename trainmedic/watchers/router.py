@@ -75,6 +75,11 @@ NOTED_KINDS = frozenset(
 # leaves the job's node fit: evidence for an incident, never the reason to open one.
 EVIDENCE_ONLY_KINDS = frozenset({"log_match", "run_started", NODE_EVIDENCE})
 _WAITING_PER_JOB = 8  # evidence-only reports kept per job until its incident opens
+# How long a node's finding that left the node fit stays evidence for the failure of a
+# job that ran there: past a default NCCL timeout (30 min) and the teardown, a kernel OOM
+# kill or an Xid says nothing more of this job (on a shared node it may well have been
+# another job's) and must not decide its next failure.
+NODE_EVIDENCE_HORIZON = timedelta(minutes=40)
 # Signals that say a node itself failed: they count toward a storm.
 NODE_FAILURE_KINDS = frozenset({"node_down", "node_failed"})
 
@@ -114,6 +119,7 @@ class IncidentRouter:
         quarantine_cooldown: timedelta = timedelta(minutes=10),
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        node_evidence_horizon: timedelta = NODE_EVIDENCE_HORIZON,
     ) -> None:
         self.client = client
         self.cluster = cluster
@@ -126,7 +132,11 @@ class IncidentRouter:
         self.quarantine_cooldown = quarantine_cooldown
         self.clock = clock
         self.wall_clock = wall_clock
+        self.node_evidence_horizon = node_evidence_horizon.total_seconds()
         self.open: dict[str, _Open] = {}  # job id -> its latest run's incident (window)
+        # job id -> (run, incident) of the latest run that had one, past the window too: a
+        # node's finding that arrives late still reaches that run's incident.
+        self.opened: dict[str, tuple[int, str]] = {}
         self.progress: dict[str, str] = {}  # job id -> last progress marker reported
         # job id -> (run, where that run's output starts in each log file)
         self.log_from: dict[str, tuple[int | None, dict[str, int]]] = {}
@@ -134,6 +144,11 @@ class IncidentRouter:
         # traceback is usually read before Slurm's poll sees it end; its incident gets
         # them when it opens (same run only).
         self.waiting: dict[str, deque[IncidentSignal]] = {}
+        # The same for node findings, apart: a job's own log lines, one per watcher cycle
+        # while its ranks wait out a collective timeout, must not push out the one kernel
+        # line that explains the failure (logs can be read again at attribution; a
+        # node's kernel ring cannot).
+        self.node_waiting: dict[str, deque[IncidentSignal]] = {}
         self.node_failures: dict[str, float] = {}  # node -> last failure seen
         self.storm: _Storm | None = None
         self.noted: deque[IncidentSignal] = deque(maxlen=1000)
@@ -242,6 +257,9 @@ class IncidentRouter:
         if current is not None and signal.run in (None, current.run):
             await self._to_incident(signal, current.incident_id, job_id)
             return
+        if signal.kind == NODE_EVIDENCE:
+            await self._hold_node_evidence(signal, job_id)
+            return
         if signal.kind in EVIDENCE_ONLY_KINDS:
             self.noted.append(signal)
             self.waiting.setdefault(job_id, deque(maxlen=_WAITING_PER_JOB)).append(signal)
@@ -264,6 +282,9 @@ class IncidentRouter:
         run = run or 0
         incident_id = incident_workflow_id(self.cluster, job_id, run + 1)
         self.open[job_id] = _Open(incident_id, run, now)
+        self.opened[job_id] = (run, incident_id)
+        if len(self.opened) > 20_000:
+            del self.opened[next(iter(self.opened))]
         if signal.progress is None and job_id in self.progress:
             signal = signal.model_copy(update={"progress": self.progress[job_id]})
         known = self.log_from.get(job_id)
@@ -273,6 +294,41 @@ class IncidentRouter:
         for earlier in self.waiting.pop(job_id, ()):
             if earlier.run in (None, run):
                 await self._to_incident(earlier, incident_id, job_id)
+        for finding in self.node_waiting.pop(job_id, ()):
+            if finding.run in (None, run) and self._recent(finding):
+                await self._to_incident(finding, incident_id, job_id)
+
+    async def _hold_node_evidence(self, signal: IncidentSignal, job_id: str) -> None:
+        """A node's finding that left the node fit, for a job on it whose run has no
+        incident in its window: to that run's incident if it had one (late, past the
+        window; a closed one refuses it), else kept (once: a resend after a delivery
+        failure is the same finding) until the run's failure opens one."""
+        self.noted.append(signal)
+        if not self._recent(signal):
+            logger.info("router: noted %s for job %s, too old to count", signal.kind, job_id)
+            return
+        opened = self.opened.get(job_id)
+        if opened is not None and signal.run is not None and opened[0] == signal.run:
+            await self._to_incident(signal, opened[1], job_id)
+            return
+        held = self.node_waiting.setdefault(job_id, deque(maxlen=_WAITING_PER_JOB))
+        if signal not in held:
+            held.append(signal)
+        if len(self.node_waiting) > 20_000:
+            del self.node_waiting[next(iter(self.node_waiting))]
+        logger.info(
+            "router: noted %s for job %s (no failure reported for run %s): %s",
+            signal.kind,
+            job_id,
+            signal.run if signal.run is not None else "?",
+            signal.detail,
+        )
+
+    def _recent(self, signal: IncidentSignal) -> bool:
+        """Within the node-evidence horizon (a finding without a time counts as now)."""
+        if signal.at is None:
+            return True
+        return self.wall_clock() - signal.at.timestamp() <= self.node_evidence_horizon
 
     async def _to_incident(self, signal: IncidentSignal, incident_id: str, job_id: str) -> None:
         await self._signal_with_start(

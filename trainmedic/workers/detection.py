@@ -29,13 +29,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import NamedTuple, Protocol, cast
 
 from pydantic import ValidationError
 from temporalio.client import Client
 
 from trainmedic.adapters.nvml.protocol import NvmlBackend
 from trainmedic.adapters.slurm import SlurmBackend, SlurmError
+from trainmedic.adapters.slurm.view import SlurmView
 from trainmedic.catalog.loader import load_catalog
 from trainmedic.catalog.matcher import Matcher
 from trainmedic.channel.liveness import (
@@ -100,6 +101,14 @@ class InProcessAgent(NamedTuple):
     nvml: NvmlBackend | None = None
 
 
+class HasSlurmView(Protocol):
+    """What NodeFanout reads of the Slurm watcher: its latest view (None before the
+    first poll)."""
+
+    @property
+    def view(self) -> SlurmView | None: ...
+
+
 class NodeFanout:
     """A SignalSink in front of the router: a kernel/NVML signal about a node becomes one
     signal per job running there (with its run), plus the node's own (its quarantine).
@@ -115,7 +124,7 @@ class NodeFanout:
     """
 
     def __init__(
-        self, router: SignalSink, watcher: SlurmWatcher, matcher: Matcher | None = None
+        self, router: SignalSink, watcher: HasSlurmView, matcher: Matcher | None = None
     ) -> None:
         self._router = router
         self._watcher = watcher
@@ -143,8 +152,11 @@ class NodeFanout:
         """The node is dead, or a line of the finding matches a rule that drains it.
 
         The controller's catalog reads the lines again: the agent's rule ids may come
-        from an older catalog, and a line no rule here knows shows nothing."""
-        if signal.kind in NODE_DOWN_KINDS:
+        from an older catalog, and a line no rule here knows shows nothing. The agent
+        keeps its weightiest lines when it has more than it may send (watchers/node.py),
+        so a drain line is not lost behind a flood of lesser ones."""
+        if signal.kind in NODE_DOWN_KINDS and signal.source == EvidenceSource.AGENT_HEARTBEAT:
+            # The controller's own verdict; an agent saying so of itself proves nothing.
             return True
         for evidence in signal.evidence:
             for match in self._matcher.match(evidence.text, evidence.source):
