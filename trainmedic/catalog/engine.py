@@ -109,6 +109,9 @@ _SURVIVED_MARKER_REACH = {"python.exception_unraisable": 1, "python.numpy1_exten
 # (an EOFError, a truncated pickle) as a corrupt file. A MemoryError there is the child's
 # own (tune g-1050) and stays.
 _SPAWN_CHILD_UNPICKLING = "python.spawn_child_unpickling"
+# Rules of other categories than the program's own whose error a finaliser raises at the
+# teardown (MosaicML Streaming waits for its node's leader in StreamingDataset.__del__).
+_RAISED_IN_FINALISERS = frozenset({"dataloader.streaming_leader_timeout"})
 _SPAWN_FRAME_LINES = 2
 _TRUNCATED_INPUT = "checkpoint.corrupt"
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
@@ -908,14 +911,17 @@ def _survived_exceptions(findings: list[Finding]) -> list[Finding]:
     the bottom of a traceback whose header comes just under CPython's "Exception ignored
     in:" (an exception in a finaliser, discarded) or NumPy 2's warning that an extension
     was built for NumPy 1 (the import is caught and the run goes on). Not a failure of the
-    job, whatever its class says (review of 2026-12-03)."""
+    job, whatever its class says (review of 2026-12-03). The program's own errors, and
+    the few other rules' that only a finaliser raises (_RAISED_IN_FINALISERS)."""
     markers = [f for f in findings if f.rule.id in _SURVIVED_MARKER_REACH]
     if not markers:
         return []
     headers = [f for f in findings if f.rule.id == _TRACEBACK_HEADER]
     survived = []
     for f in findings:
-        if f.rule.role is not Role.ROOT or f.rule.category is not Category.USER_CODE:
+        if f.rule.role is not Role.ROOT or not (
+            f.rule.category is Category.USER_CODE or f.rule.id in _RAISED_IN_FINALISERS
+        ):
             continue
         header = _context_above(f, findings, _TRACEBACK_HEADER)
         if header is None or header.evidence.rank != f.evidence.rank:
