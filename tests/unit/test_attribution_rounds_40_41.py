@@ -354,3 +354,27 @@ def test_python_314s_unraisable_header_is_read_as_the_old_one(tmp_path: Path) ->
         ],
     )
     assert (diagnosis.category, diagnosis.action) == (Category.NETWORK_NCCL, Action.RESTART)
+
+
+@pytest.mark.parametrize(
+    "saving",
+    [
+        "Summoning checkpoint.",
+        "2024-08-19 07:57:06 INFO saving checkpoint: /out/model-step00000600.safetensors",
+        "[INFO|trainer.py:3410] Saving model checkpoint to out/checkpoint-500",
+    ],
+)
+def test_a_sigkill_while_a_checkpoint_is_saved_is_host_memory(tmp_path: Path, saving: str) -> None:
+    diagnosis = diagnose(
+        tmp_path,
+        [saving, "Killed"],
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.STOP)
+
+
+def test_a_sigkill_long_after_a_save_stays_for_a_person(tmp_path: Path) -> None:
+    steps = [f"step {n}: loss 0.{n:03d}" for n in range(20)]
+    diagnosis = diagnose(
+        tmp_path, ["Saving model checkpoint to out/checkpoint-500", *steps, "Killed"]
+    )
+    assert (diagnosis.category, diagnosis.action) == (Category.OOM_HOST, Action.ESCALATE)

@@ -58,10 +58,13 @@ _NEIGHBOUR_LINES = 8  # a wrapped line borrows the rank of its neighbours' prefi
 _ELASTIC_BLOCK_LINES = 12
 _TRACEBACK_LINES = 80  # how far above its exception a traceback's frame may sit
 _CHECKPOINT_FRAMES = ("checkpoint.resume_frame", "checkpoint.save_frame")
-# A SIGKILL with no message of its own, and a start-up phase at its host-memory peak (a
-# model's loading cut short, DeepSpeed's memory report) at most a few lines above it.
+# A SIGKILL with no message of its own, and a phase at its host-memory peak at most a few
+# lines above it: a start-up's (a model's loading cut short, DeepSpeed's memory report)
+# or a checkpoint's save.
 _SIGKILL = "proc.sigkill"
 _STARTUP_PEAK = "oom.host_startup_peak"
+_SAVE_PEAK = "oom.host_save_peak"
+_HOST_MEMORY_PEAKS = (_STARTUP_PEAK, _SAVE_PEAK)
 _STARTUP_DONE = "oom.host_startup_done"
 _STARTUP_PEAK_LINES = 12  # a launcher's traceback may come between (tune g-824: 9 lines)
 # Slurm's line in the job's log that it ended the job at its time limit, and how close
@@ -485,12 +488,13 @@ class Attributor:
             notes.append(frame.rule.title)
             others = [frame, *others]
         elif rule.id == _SIGKILL and (
-            (peak := _context_above(primary, findings, _STARTUP_PEAK, _STARTUP_DONE))
-            and peak.rule.id == _STARTUP_PEAK
+            (peak := _context_above(primary, findings, *_HOST_MEMORY_PEAKS, _STARTUP_DONE))
+            and peak.rule.id in _HOST_MEMORY_PEAKS
             and primary.order[1] - peak.order[1] <= _STARTUP_PEAK_LINES
         ):
-            # Killed at a start-up phase's host-memory peak: the OOM killer's
-            # signature with the phase that explains it; the same model peaks again.
+            # Killed at a host-memory peak (a start-up phase, a checkpoint's save): the OOM
+            # killer's signature with the phase that explains it; the same model peaks
+            # the same way again.
             category, action, transient = Category.OOM_HOST, Action.STOP, False
             notes.append(peak.rule.title)
             others = [peak, *others]
