@@ -112,11 +112,11 @@ _SURVIVED_MARKER_REACH = {"python.exception_unraisable": 1, "python.numpy1_exten
 # (an EOFError, a truncated pickle) as a corrupt file. A MemoryError there is the child's
 # own (tune g-1050) and stays.
 _SPAWN_CHILD_UNPICKLING = "python.spawn_child_unpickling"
+_SPAWN_FRAME_LINES = 2
+_TRUNCATED_INPUT = "checkpoint.corrupt"
 # Rules of other categories than the program's own whose error a finaliser raises at the
 # teardown (MosaicML Streaming waits for its node's leader in StreamingDataset.__del__).
 _RAISED_IN_FINALISERS = frozenset({"dataloader.streaming_leader_timeout"})
-_SPAWN_FRAME_LINES = 2
-_TRUNCATED_INPUT = "checkpoint.corrupt"
 _EXITED_WITHOUT_DESTROY = "torch.exited_without_destroy"
 _RUNTIME_ERROR_OTHER = "python.runtime_error_other"
 _EXCEPTION_OTHER = "python.exception_other"

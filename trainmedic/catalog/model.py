@@ -151,6 +151,11 @@ class Rule(BaseModel):
     sources: list[EvidenceSource] = Field(default_factory=list)
     xid: int | None = None
 
+    @property
+    def drains(self) -> bool:
+        """A root whose line alone takes its node out: what shows a node unfit."""
+        return self.role is Role.ROOT and self.action is Action.DRAIN_AND_RESTART
+
     @model_validator(mode="after")
     def _without_culprit_replaces_an_isolation(self) -> Rule:
         # It says what an isolating rule does with no node to isolate: on any other rule

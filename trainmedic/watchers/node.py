@@ -37,7 +37,7 @@ from trainmedic.adapters.nvml.protocol import (
 from trainmedic.catalog import Matcher, load_catalog
 from trainmedic.catalog.matcher import LineMatch
 from trainmedic.domain.diagnosis import Evidence
-from trainmedic.domain.enums import Action, EvidenceSource, Role
+from trainmedic.domain.enums import EvidenceSource, Role
 from trainmedic.domain.incident import IncidentSignal
 from trainmedic.watchers.base import SignalSink
 from trainmedic.watchers.tail import Block, FileTail
@@ -242,7 +242,7 @@ def pci_key(bus_id: str) -> tuple[int, str, str] | None:
 def _evidence_weight(matches: list[LineMatch]) -> int:
     """How much a kernel line says of its node: a line whose rule drains it, then one
     whose rule is a root, then the rest (lower comes first)."""
-    if any(m.rule.role is Role.ROOT and m.rule.action is Action.DRAIN_AND_RESTART for m in matches):
+    if any(m.rule.drains for m in matches):
         return 0
     return 1 if any(m.rule.role is Role.ROOT for m in matches) else 2
 

@@ -262,16 +262,7 @@ class IncidentRouter:
             return
         if signal.kind in EVIDENCE_ONLY_KINDS:
             self.noted.append(signal)
-            self.waiting.setdefault(job_id, deque(maxlen=_WAITING_PER_JOB)).append(signal)
-            if len(self.waiting) > 20_000:
-                del self.waiting[next(iter(self.waiting))]
-            logger.info(
-                "router: noted %s for job %s (no failure reported for run %s): %s",
-                signal.kind,
-                job_id,
-                signal.run if signal.run is not None else "?",
-                signal.detail,
-            )
+            self._keep_waiting(self.waiting, signal, job_id)
             return
         if self.storm is not None:
             await self._to_storm(signal)
@@ -311,11 +302,23 @@ class IncidentRouter:
         if opened is not None and signal.run is not None and opened[0] == signal.run:
             await self._to_incident(signal, opened[1], job_id)
             return
-        held = self.node_waiting.setdefault(job_id, deque(maxlen=_WAITING_PER_JOB))
-        if signal not in held:
+        self._keep_waiting(self.node_waiting, signal, job_id, once=True)
+
+    @staticmethod
+    def _keep_waiting(
+        store: dict[str, deque[IncidentSignal]],
+        signal: IncidentSignal,
+        job_id: str,
+        *,
+        once: bool = False,
+    ) -> None:
+        """Keep `signal` for the job's next incident: the last few per job, for at most
+        20,000 jobs (the oldest job's go first); `once`: not again if already kept."""
+        held = store.setdefault(job_id, deque(maxlen=_WAITING_PER_JOB))
+        if not (once and signal in held):
             held.append(signal)
-        if len(self.node_waiting) > 20_000:
-            del self.node_waiting[next(iter(self.node_waiting))]
+        if len(store) > 20_000:
+            del store[next(iter(store))]
         logger.info(
             "router: noted %s for job %s (no failure reported for run %s): %s",
             signal.kind,

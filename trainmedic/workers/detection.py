@@ -49,7 +49,6 @@ from trainmedic.channel.liveness import (
 from trainmedic.channel.receiver import AgentReceiver
 from trainmedic.config import Settings
 from trainmedic.domain import EvidenceSource
-from trainmedic.domain.enums import Action, Role
 from trainmedic.domain.incident import NODE_EVIDENCE, IncidentSignal
 from trainmedic.domain.slurm import NodeStates, SlurmJob
 from trainmedic.errors import ConfigError
@@ -160,7 +159,7 @@ class NodeFanout:
             return True
         for evidence in signal.evidence:
             for match in self._matcher.match(evidence.text, evidence.source):
-                if match.rule.role is Role.ROOT and match.rule.action is Action.DRAIN_AND_RESTART:
+                if match.rule.drains:
                     return True
         return False
 
@@ -337,14 +336,18 @@ def build_detection(
         interval=interval,
         quarantine_cooldown=quarantine_cooldown,
     )
-    fanout = NodeFanout(slurm.router, slurm.watcher)
+    # One compiled catalog for the fanout and the in-process agents, not one each.
+    matcher = Matcher(load_catalog())
+    fanout = NodeFanout(slurm.router, slurm.watcher, matcher)
     config = LogWatchConfig.model_validate({"progress": {"hang_after": hang_after}})
     logs = LogWatcher(
         slurm.router, cluster=settings.cluster, config=config, remote=remote_files(settings)
     )
     follower = JobFollower(backend, slurm.watcher, logs, interval=min(interval, 1.0))
     held = HeldSignals(fanout)
-    node_agents = [NodeAgent(a.node, held, kernel=a.kernel, nvml=a.nvml) for a in agents]
+    node_agents = [
+        NodeAgent(a.node, held, kernel=a.kernel, nvml=a.nvml, matcher=matcher) for a in agents
+    ]
     spools = [
         SignalSpool(
             signal_spool or settings.state_dir / "spool" / "signals",
